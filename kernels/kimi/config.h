@@ -1,0 +1,49 @@
+// KimiConfig: the sizes of the Kimi-Linear decode block (SPEC-kimi-linear.md),
+// as run-time values. "full" is the real task; "small" is the same shape family
+// scaled down for tests and host sessions; "tiny" and "top8" are the golden
+// vectors' sizes.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+
+namespace ktune::kimi {
+
+struct KimiConfig {
+  std::string name = "full";
+  int hidden = 2304;
+  int kda_heads = 32, kda_head_dim = 128, short_conv = 4;
+  int mla_heads = 32, kv_lora = 512, qk_nope = 128, qk_rope = 64, v_head = 128;
+  double rope_theta = 10000.0;
+  int n_experts = 64, n_active = 8, n_shared = 1, moe_inter = 1024;
+  double routed_scaling = 2.446;
+  int group = 128;
+  std::string pattern = "KKKM";
+  double rms_eps = 1e-6;
+
+  // Contexts a session validates at, and the decode shapes it times
+  // (context, steps timed), per the spec's tables.
+  std::vector<int> validate_contexts = {2048, 16384};
+  std::vector<std::pair<int, int>> timed_contexts = {{2048, 32}, {8192, 16}, {16384, 16}};
+
+  int kda_dim() const { return kda_heads * kda_head_dim; }
+  int mla_q_dim() const { return mla_heads * (qk_nope + qk_rope); }
+  int kv_a_dim() const { return kv_lora + qk_rope; }
+  int kv_b_dim() const { return mla_heads * (qk_nope + v_head); }
+  int mla_o_dim() const { return mla_heads * v_head; }
+  int layers() const { return int(pattern.size()); }
+  bool is_kda(int layer) const { return pattern[layer] == 'K'; }
+  // The longest context any step of a timed or validated run reaches.
+  int max_context() const;
+
+  // Checks the divisibility rules the formats and kernels rely on.
+  bool check(std::string* err) const;
+  json to_json() const;
+  // Reads the golden files' config object (keys as in golden/README.md).
+  static bool from_json(const json& j, KimiConfig* out, std::string* err);
+  // "full", "small", "tiny" or "top8".
+  static bool preset(const std::string& size, KimiConfig* out, std::string* err);
+};
+
+}  // namespace ktune::kimi

@@ -1,0 +1,355 @@
+#include "kernels/kimi/oracle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/bf16.h"
+#include "base/parallel.h"
+#include "kernels/kimi/topk.h"
+
+namespace ktune::kimi {
+
+float w4_weight(const QLinear& q, int k, int n) {
+  uint8_t byte = q.w_q[size_t(k / 2) * q.N + n];
+  int v = (k & 1) ? byte >> 4 : byte & 15;
+  size_t sz = size_t(k / q.group) * q.N + n;
+  // q - zero is a small integer (exact in bf16); the product is exact in
+  // float and rounded once to bf16, as bf16 arithmetic would.
+  float diff = float(v) - bf16_to_float(q.zeros[sz]);
+  return round_bf16f(diff * bf16_to_float(q.scales[sz]));
+}
+
+void w4_linear(const QLinear& q, const double* x, double* y) {
+  const int K = q.K, N = q.N, G = q.group;
+  auto columns = [&](size_t n0, size_t n1) {
+    std::vector<double> acc(n1 - n0, 0.0);
+    std::vector<float> lut((n1 - n0) * 16);
+    for (int g = 0; g < K / G; ++g) {
+      // The 16 possible dequantized values of each column in this group.
+      for (size_t n = n0; n < n1; ++n) {
+        float s = bf16_to_float(q.scales[size_t(g) * N + n]);
+        float z = bf16_to_float(q.zeros[size_t(g) * N + n]);
+        for (int v = 0; v < 16; ++v) lut[(n - n0) * 16 + v] = round_bf16f((float(v) - z) * s);
+      }
+      for (int k = g * G; k < (g + 1) * G; k += 2) {
+        const uint8_t* row = q.w_q + size_t(k / 2) * N;
+        double x0 = x[k], x1 = x[k + 1];
+        for (size_t n = n0; n < n1; ++n) {
+          const float* l = &lut[(n - n0) * 16];
+          acc[n - n0] += x0 * l[row[n] & 15] + x1 * l[row[n] >> 4];
+        }
+      }
+    }
+    std::copy(acc.begin(), acc.end(), y + n0);
+  };
+  if (size_t(K) * N < (1u << 20)) {
+    columns(0, N);
+  } else {
+    size_t chunks = std::min<size_t>(worker_count() * 4, size_t(N) / 16);
+    size_t step = (N / 16 + chunks - 1) / chunks * 16;
+    parallel_for(chunks, [&](size_t b, size_t e) {
+      for (size_t c = b; c < e; ++c) {
+        size_t n0 = c * step, n1 = std::min<size_t>(N, n0 + step);
+        if (n0 < n1) columns(n0, n1);
+      }
+    });
+  }
+}
+
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec from_bf16(const uint16_t* p, size_t n) {
+  Vec v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(p[i]);
+  return v;
+}
+
+void round_all(Vec& v) {
+  for (double& x : v) x = round_bf16(x);
+}
+
+std::vector<uint16_t> to_bf16(const Vec& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = double_to_bf16(v[i]);
+  return out;
+}
+
+// A W4A16 linear as the spec defines it: output rounded to bf16.
+Vec linear(const QLinear& q, const Vec& x) {
+  Vec y(q.N);
+  w4_linear(q, x.data(), y.data());
+  round_all(y);
+  return y;
+}
+
+// x @ W^T for a bf16 weight [rows, cols]; output rounded to bf16.
+Vec bf16_linear_t(const uint16_t* w, int rows, int cols, const Vec& x) {
+  Vec y(rows);
+  for (int r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int c = 0; c < cols; ++c) acc += x[c] * bf16_to_float(w[size_t(r) * cols + c]);
+    y[r] = round_bf16(acc);
+  }
+  return y;
+}
+
+Vec rms_norm(const Vec& x, const uint16_t* w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = round_bf16(x[i] * inv * bf16_to_float(w[i]));
+  return y;
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+double softplus(double v) { return v > 20.0 ? v : std::log1p(std::exp(v)); }
+
+Vec add_round(const Vec& a, const Vec& b) {
+  Vec y(a.size());
+  for (size_t i = 0; i < a.size(); ++i) y[i] = round_bf16(a[i] + b[i]);
+  return y;
+}
+
+struct Tracer {
+  OracleTrace* t;
+  std::string prefix;
+  void put(const std::string& name, const Vec& v) const {
+    if (t) (*t)[prefix + name] = std::vector<float>(v.begin(), v.end());
+  }
+};
+
+Vec kda_layer(const KimiConfig& c, const KdaWeights& W, LayerState& st, const Vec& xn, const Tracer& tr) {
+  const int H = c.kda_heads, D = c.kda_head_dim, C = c.kda_dim();
+  Vec act[3];
+  const QLinear* proj[3] = {&W.q, &W.k, &W.v};
+  std::vector<uint16_t>* windows[3] = {&st.cq, &st.ck, &st.cv};
+  const char* names[3] = {"q", "k", "v"};
+  for (int idx = 0; idx < 3; ++idx) {
+    Vec raw = linear(*proj[idx], xn);
+    tr.put(std::string(names[idx]) + "_raw", raw);
+    std::vector<uint16_t>& win = *windows[idx];
+    act[idx].resize(C);
+    for (int j = 0; j < C; ++j) {
+      double sum = 0;
+      for (int t = 0; t < 3; ++t)
+        sum += bf16_to_float(win[size_t(t) * C + j]) * bf16_to_float(W.conv_w[(size_t(idx) * C + j) * 4 + t]);
+      sum += raw[j] * bf16_to_float(W.conv_w[(size_t(idx) * C + j) * 4 + 3]);
+      act[idx][j] = round_bf16(silu(sum));
+    }
+    // keep the last three raw rows
+    std::copy(win.begin() + C, win.end(), win.begin());
+    for (int j = 0; j < C; ++j) win[size_t(2) * C + j] = double_to_bf16(raw[j]);
+    tr.put(names[idx], act[idx]);
+  }
+  Vec graw = linear(W.g, xn);
+  tr.put("g_raw", graw);
+  Vec braw = bf16_linear_t(W.beta, H, c.hidden, xn);
+  tr.put("beta_raw", braw);
+  const double qscale = 1.0 / std::sqrt(double(D));
+  Vec o(C);
+  for (int h = 0; h < H; ++h) {
+    double beta = sigmoid(braw[h]);
+    float* S = st.S.data() + size_t(h) * D * D;
+    std::vector<double> Sd(size_t(D) * D);
+    for (int i = 0; i < D; ++i) {
+      double decay = std::exp(-softplus(graw[size_t(h) * D + i]));
+      for (int j = 0; j < D; ++j) Sd[size_t(i) * D + j] = double(S[size_t(i) * D + j]) * decay;
+    }
+    const double* k = &act[1][size_t(h) * D];
+    const double* v = &act[2][size_t(h) * D];
+    const double* q = &act[0][size_t(h) * D];
+    for (int j = 0; j < D; ++j) {
+      double pred = 0;
+      for (int i = 0; i < D; ++i) pred += Sd[size_t(i) * D + j] * k[i];
+      double delta = beta * (v[j] - pred);
+      double oj = 0;
+      for (int i = 0; i < D; ++i) {
+        double s = Sd[size_t(i) * D + j] + k[i] * delta;
+        S[size_t(i) * D + j] = float(s);
+        oj += s * q[i] * qscale;
+      }
+      o[size_t(h) * D + j] = round_bf16(oj);
+    }
+  }
+  tr.put("o", o);
+  return linear(W.o, o);
+}
+
+void rope(double* x, int n, int pos, double theta) {
+  for (int i = 0; i < n / 2; ++i) {
+    double inv = std::pow(theta, -2.0 * i / n);
+    double a = pos * inv;
+    double x0 = x[2 * i], x1 = x[2 * i + 1];
+    x[2 * i] = round_bf16(x0 * std::cos(a) - x1 * std::sin(a));
+    x[2 * i + 1] = round_bf16(x1 * std::cos(a) + x0 * std::sin(a));
+  }
+}
+
+Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos, const Vec& xn, const Tracer& tr,
+              std::vector<uint16_t>* ckv_row, std::vector<uint16_t>* krope_row) {
+  const int H = c.mla_heads, NOPE = c.qk_nope, ROPE = c.qk_rope, QH = NOPE + ROPE, R = c.kv_lora, V = c.v_head;
+  Vec q = linear(W.q, xn);
+  Vec kv = linear(W.kv_a, xn);
+  tr.put("q_raw", q);
+  tr.put("kv_raw", kv);
+  for (int h = 0; h < H; ++h) rope(&q[size_t(h) * QH + NOPE], ROPE, pos, c.rope_theta);
+  rope(&kv[R], ROPE, pos, c.rope_theta);
+  size_t rows = size_t(pos) + 1;
+  if (st.c_kv.size() < rows * R) st.c_kv.resize(rows * R);
+  if (st.k_rope.size() < rows * ROPE) st.k_rope.resize(rows * ROPE);
+  for (int i = 0; i < R; ++i) st.c_kv[size_t(pos) * R + i] = double_to_bf16(kv[i]);
+  for (int i = 0; i < ROPE; ++i) st.k_rope[size_t(pos) * ROPE + i] = double_to_bf16(kv[R + i]);
+  ckv_row->assign(st.c_kv.begin() + size_t(pos) * R, st.c_kv.begin() + rows * R);
+  krope_row->assign(st.k_rope.begin() + size_t(pos) * ROPE, st.k_rope.begin() + rows * ROPE);
+  tr.put("q_roped", q);
+  tr.put("kv_roped", kv);
+
+  // The spec's form, literally: every cached row is expanded through kv_b
+  // (a W4A16 linear, so k_nope and v are rounded to bf16), then softmax
+  // attention per head. Streamed over t with an online softmax, in parallel
+  // chunks of rows, so long contexts need no [rows, H*(NOPE+V)] buffer.
+  const QLinear& B = W.kv_b;  // [R, H*(NOPE+V)]
+  const int HN = B.N, HD = NOPE + V;
+  std::vector<float> wkvb(size_t(R) * HN);
+  parallel_for(R, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r)
+      for (int n = 0; n < HN; ++n) wkvb[r * HN + n] = w4_weight(B, int(r), n);
+  });
+  const double scale = 1.0 / std::sqrt(double(QH));
+  struct Partial {
+    std::vector<double> m, l, acc;  // per head: running max, sum, sum of p*v
+  };
+  size_t chunks = std::min<size_t>(rows, size_t(worker_count()) * 4);
+  size_t per = (rows + chunks - 1) / chunks;
+  std::vector<Partial> parts(chunks);
+  parallel_for(chunks, [&](size_t c0, size_t c1) {
+    std::vector<double> kvb(HN);
+    for (size_t ci = c0; ci < c1; ++ci) {
+      Partial& P = parts[ci];
+      P.m.assign(H, -INFINITY);
+      P.l.assign(H, 0.0);
+      P.acc.assign(size_t(H) * V, 0.0);
+      for (size_t t = ci * per; t < std::min(rows, (ci + 1) * per); ++t) {
+        std::fill(kvb.begin(), kvb.end(), 0.0);
+        for (int r = 0; r < R; ++r) {
+          double cr = bf16_to_float(st.c_kv[t * R + r]);
+          const float* wr = &wkvb[size_t(r) * HN];
+          for (int n = 0; n < HN; ++n) kvb[n] += cr * wr[n];
+        }
+        for (int n = 0; n < HN; ++n) kvb[n] = round_bf16(kvb[n]);
+        for (int h = 0; h < H; ++h) {
+          const double* qn = &q[size_t(h) * QH];
+          const double* kn = &kvb[size_t(h) * HD];
+          double s = 0;
+          for (int d = 0; d < NOPE; ++d) s += qn[d] * kn[d];
+          for (int i = 0; i < ROPE; ++i) s += qn[NOPE + i] * bf16_to_float(st.k_rope[t * ROPE + i]);
+          s *= scale;
+          double m = std::max(P.m[h], s);
+          double corr = std::exp(P.m[h] - m), p = std::exp(s - m);
+          P.l[h] = P.l[h] * corr + p;
+          for (int d = 0; d < V; ++d) P.acc[size_t(h) * V + d] = P.acc[size_t(h) * V + d] * corr + p * kn[NOPE + d];
+          P.m[h] = m;
+        }
+      }
+    }
+  });
+  Vec o(size_t(H) * V);
+  for (int h = 0; h < H; ++h) {
+    double m = -INFINITY;
+    for (auto& P : parts)
+      if (!P.m.empty()) m = std::max(m, P.m[h]);
+    double l = 0;
+    std::vector<double> acc(V, 0.0);
+    for (auto& P : parts) {
+      if (P.m.empty() || P.l[h] == 0) continue;
+      double corr = std::exp(P.m[h] - m);
+      l += P.l[h] * corr;
+      for (int d = 0; d < V; ++d) acc[d] += P.acc[size_t(h) * V + d] * corr;
+    }
+    for (int d = 0; d < V; ++d) o[size_t(h) * V + d] = round_bf16(acc[d] / l);
+  }
+  tr.put("o", o);
+  return linear(W.o, o);
+}
+
+// One expert: gate, up and down products accumulate without rounding in
+// between ("fp32 accumulation"); only the MoE's sum is rounded to bf16. This
+// is what the golden implementation does.
+Vec expert_ffn(const QLinear& gate, const QLinear& up, const QLinear& down, const Vec& x) {
+  Vec g(gate.N), u(up.N), y(down.N);
+  w4_linear(gate, x.data(), g.data());
+  w4_linear(up, x.data(), u.data());
+  Vec a(g.size());
+  for (size_t i = 0; i < g.size(); ++i) a[i] = silu(g[i]) * u[i];
+  w4_linear(down, a.data(), y.data());
+  return y;
+}
+
+Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& tr, std::vector<int>* topk) {
+  const int E = c.n_experts;
+  Vec logits = bf16_linear_t(W.router, E, c.hidden, xn);
+  tr.put("router", logits);
+  // Softmax is monotonic, so experts are ranked by logit; equal bf16 logits
+  // are ordered as PyTorch's CPU top-k orders them (see topk.h).
+  const int K = c.n_active;
+  std::vector<float> lf(logits.begin(), logits.end());
+  std::vector<topk_detail::Item> scratch(E);
+  std::vector<int> order(K);
+  torch_topk(lf.data(), E, K, order.data(), scratch.data());
+  double mx = logits[order[0]], total = 0;
+  Vec p(E);
+  for (int e = 0; e < E; ++e) total += (p[e] = std::exp(logits[e] - mx));
+  *topk = order;
+  double wsum = 0;
+  for (int e : *topk) wsum += p[e] / total;
+  Vec out(c.hidden, 0.0);
+  for (int e : *topk) {
+    double w = p[e] / total / (wsum + 1e-9) * c.routed_scaling;
+    Vec y = expert_ffn(W.gate.expert(e), W.up.expert(e), W.down.expert(e), xn);
+    for (int i = 0; i < c.hidden; ++i) out[i] += w * y[i];
+  }
+  for (int s = 0; s < c.n_shared; ++s) {
+    Vec y = expert_ffn(W.s_gate.expert(s), W.s_up.expert(s), W.s_down.expert(s), xn);
+    for (int i = 0; i < c.hidden; ++i) out[i] += y[i];
+  }
+  round_all(out);
+  return out;
+}
+
+}  // namespace
+
+void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
+                 OracleTrace* trace) {
+  const KimiConfig& c = w.cfg;
+  Vec x = from_bf16(token, c.hidden);
+  out->topk.assign(c.layers(), {});
+  out->ckv_row.assign(c.layers(), {});
+  out->krope_row.assign(c.layers(), {});
+  for (int i = 0; i < c.layers(); ++i) {
+    Tracer tr{trace, "L" + std::to_string(i) + "."};
+    const LayerWeights& L = w.layers[i];
+    Vec xn = rms_norm(x, L.attn_norm, c.rms_eps);
+    tr.put("xn", xn);
+    Vec attn = c.is_kda(i) ? kda_layer(c, L.kda, state->layers[i], xn, tr)
+                           : mla_layer(c, L.mla, state->layers[i], state->context, xn, tr, &out->ckv_row[i],
+                                       &out->krope_row[i]);
+    tr.put("attn_out", attn);
+    Vec h = add_round(x, attn);
+    tr.put("h", h);
+    Vec hn = rms_norm(h, L.moe_norm, c.rms_eps);
+    tr.put("hn", hn);
+    Vec m = moe(c, L.moe, hn, tr, &out->topk[i]);
+    tr.put("moe_out", m);
+    x = add_round(h, m);
+    tr.put("x", x);
+  }
+  state->context += 1;
+  out->hidden = to_bf16(x);
+}
+
+}  // namespace ktune::kimi

@@ -1,0 +1,36 @@
+// The oracle: one decode step of the block computed on the CPU in double
+// precision, rounding to bf16 exactly where the spec rounds. Validation
+// compares every backend's outputs with it; it must reproduce the golden
+// vectors from the independent implementation.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/kimi/state.h"
+#include "kernels/kimi/weights.h"
+
+namespace ktune::kimi {
+
+struct StepOutput {
+  std::vector<uint16_t> hidden;                    // bf16 [hidden]
+  std::vector<std::vector<int>> topk;              // per layer: routed experts, best first
+  std::vector<std::vector<uint16_t>> ckv_row;      // per M layer: the appended c_kv row
+  std::vector<std::vector<uint16_t>> krope_row;    // per M layer: the appended k_rope row
+};
+
+// Named intermediates ("L0.q", "L3.attn_out", ...), for telling which phase
+// of a kernel went wrong. Filled only when asked for.
+using OracleTrace = std::map<std::string, std::vector<float>>;
+
+// Advances `state` by one token (S, windows updated; caches grow by a row).
+void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
+                 OracleTrace* trace = nullptr);
+
+// y = x @ W with W dequantized exactly as the spec says, accumulated in
+// double, not rounded (callers round where the spec does).
+void w4_linear(const QLinear& q, const double* x, double* y);
+// One dequantized weight, w[k, n] = bf16(bf16(q - zero) * scale).
+float w4_weight(const QLinear& q, int k, int n);
+
+}  // namespace ktune::kimi
