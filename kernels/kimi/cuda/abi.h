@@ -1,0 +1,84 @@
+// The contract between the trusted runner and a CUDA variant of the Kimi
+// task. A variant is device code only (a cubin): it exports kernels named
+// ktune_k0, ktune_k1, ... and a launch table saying which to launch, in
+// order, with what shape, once per decode step. The runner owns every
+// buffer, launches the table, times it and checks the outputs; the variant
+// never runs host code. The same header compiles for the CPU emulator
+// (kernels/emu), where the "device" pointers are host memory.
+//
+// Sizes are compile-time: the renderer prepends #defines KT_D, KT_KH, ...
+// (see variants/) and the runner checks ktune_config against its task.
+#pragma once
+#include <stdint.h>
+
+#define KT_ABI_VERSION 1
+#define KT_MAX_LAYERS 4
+#define KT_MAX_LAUNCHES 4096
+
+// One W4A16 matrix: w_q [K/2, N] bytes, scales / zeros bf16 [K/128, N].
+struct KtW4 {
+  const uint8_t* w_q;
+  const uint16_t* scales;
+  const uint16_t* zeros;
+};
+
+struct KtKdaLayer {
+  KtW4 q, k, v, g, o;
+  const uint16_t* beta;    // bf16 [heads, hidden]
+  const uint16_t* conv_w;  // bf16 [3, C, 4]
+  float* S;                // fp32 [heads, 128, 128], updated in place
+  uint16_t* win[3];        // bf16 [3, C] conv windows of q, k, v, updated in place
+};
+
+struct KtMlaLayer {
+  KtW4 q, kv_a, kv_b, o;
+  uint16_t* c_kv;    // bf16 [capacity, kv_lora]; row `context` is written by the step
+  uint16_t* k_rope;  // bf16 [capacity, qk_rope]
+};
+
+struct KtMoeLayer {
+  const uint16_t* router;  // bf16 [experts, hidden]
+  KtW4 gate, up, down;     // stacks of n_experts (pointers to expert 0)
+  KtW4 s_gate, s_up, s_down;
+};
+
+struct KtLayer {
+  const uint16_t* attn_norm;
+  const uint16_t* moe_norm;
+  KtKdaLayer kda;
+  KtMlaLayer mla;
+  KtMoeLayer moe;
+};
+
+struct KimiDeviceArgs {
+  KtLayer layers[KT_MAX_LAYERS];
+  const uint16_t* x_in;  // bf16 [hidden], the token's hidden state
+  uint16_t* x_out;       // bf16 [hidden], the block's output
+  int context;           // cached rows before this step = the new token's position
+  int* topk_out;         // int [layers][n_active]: the routed experts, best first
+  uint8_t* scratch;      // ktune_scratch_bytes of variant-owned memory, zeroed once at load
+  float* trace;          // nullptr, or room for the debug trace (KT_TRACE builds)
+};
+
+// The arguments a launch-table entry adds (a kernel reused for several
+// operations reads which one from here).
+struct KtLaunchArgs {
+  int a[4];
+};
+
+// grid > 0: that many blocks; 0: every SM times the number of blocks that
+// fit on one (what a cooperative launch allows); -n: n per SM.
+struct KtLaunch {
+  int kernel;       // the N of ktune_kN
+  int grid;
+  int block;
+  int smem;         // dynamic shared memory bytes
+  int cooperative;  // 1: cooperative launch (grid-wide barriers inside)
+  KtLaunchArgs args;
+};
+
+// ktune_config holds, in this order, the sizes the variant was built for.
+#define KT_CONFIG_FIELDS 15
+// {hidden, kda_heads, kda_head_dim, mla_heads, kv_lora, qk_nope, qk_rope,
+//  v_head, n_experts, n_active, n_shared, moe_inter, group, layers,
+//  pattern bits (bit i set = layer i is M)}

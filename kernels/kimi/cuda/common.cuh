@@ -1,0 +1,238 @@
+// Device helpers shared by the Kimi CUDA kernels (the megakernel and the
+// baseline): bf16 conversions and packed bf16 arithmetic, the W4A16 nibble
+// unpacking, tensor-core mma, loads with cache hints, warp reductions and a
+// grid-wide barrier. Every architectural operation (PTX, intrinsics) goes
+// through a kt_* function here, with a bit-exact twin for the CPU emulator
+// (kernels/emu/cuda_emu.h, KT_EMULATION), so the kernels' logic can be
+// tested without a GPU.
+#pragma once
+
+#ifndef KT_EMULATION
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#endif
+
+#define KT_DEV __device__ __forceinline__
+
+// The kernel table (see cuda_emu.h): the runner finds GPU kernels by name,
+// so on the GPU the table is empty.
+#ifndef KT_EMULATION
+#define KT_KERNEL_TABLE_BEGIN
+#define KT_KERNEL(k)
+#define KT_KERNEL_TABLE_END
+#endif
+
+// ---- bf16 ------------------------------------------------------------------
+KT_DEV float kt_bf2f(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+KT_DEV uint16_t kt_f2bf(float f) {
+#ifdef KT_EMULATION
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+#else
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
+}
+
+KT_DEV float kt_round_bf16(float f) { return kt_bf2f(kt_f2bf(f)); }
+
+// Two bf16 in one word: element 0 (the lower index) in the low half.
+KT_DEV float kt_lo(uint32_t p) { return __uint_as_float(p << 16); }
+KT_DEV float kt_hi(uint32_t p) { return __uint_as_float(p & 0xffff0000u); }
+KT_DEV uint32_t kt_pack(float lo, float hi) { return uint32_t(kt_f2bf(lo)) | (uint32_t(kt_f2bf(hi)) << 16); }
+
+// Packed bf16 a - b and a * b, each rounded once to nearest even (what the
+// spec's "rounded to bf16 as bf16 arithmetic would" means).
+KT_DEV uint32_t kt_hsub2(uint32_t a, uint32_t b) {
+#ifdef KT_EMULATION
+  return kt_pack(kt_lo(a) - kt_lo(b), kt_hi(a) - kt_hi(b));
+#else
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+#endif
+}
+
+KT_DEV uint32_t kt_hmul2(uint32_t a, uint32_t b) {
+#ifdef KT_EMULATION
+  return kt_pack(kt_lo(a) * kt_lo(b), kt_hi(a) * kt_hi(b));
+#else
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+#endif
+}
+
+// ---- W4A16 unpacking -----------------------------------------------------
+// Byte `b` (0..3) of `word` holds rows 2r (low nibble) and 2r+1 (high
+// nibble) of one column. Returns them as packed bf16 (128 + q_lo, 128 + q_hi):
+// 0x4300 is 128.0 in bf16 and its unit in the last place is 1, so OR-ing a
+// nibble into the mantissa adds it exactly. `shifted` is word >> 4.
+KT_DEV uint32_t kt_nibble_pair(uint32_t word, uint32_t shifted, int b) {
+  uint32_t sel = uint32_t(b) | (uint32_t(b) << 4) | (uint32_t(b + 4) << 8) | (uint32_t(b + 4) << 12);
+  return (__byte_perm(word, shifted, sel) & 0x000f000fu) | 0x43004300u;
+}
+
+// Exact dequantization of a nibble pair: ((128+q) - (128+z)) * s, each step
+// rounded to bf16; zz = packed (128+z, 128+z), ss = packed (s, s).
+KT_DEV uint32_t kt_dequant_pair(uint32_t pair, uint32_t zz, uint32_t ss) {
+  return kt_hmul2(kt_hsub2(pair, zz), ss);
+}
+
+// ---- tensor cores ----------------------------------------------------------
+// d += A * B for one m16n8k16 bf16 mma with fp32 accumulation. Fragment
+// layout per the PTX ISA (lane = 4 * group + tid_in_group):
+//   a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]
+//   b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g]
+//   d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1]
+KT_DEV void kt_mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef KT_EMULATION
+  struct Frag {
+    uint32_t a[4], b[2];
+  } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  auto slots = kt_emu::warp_gather(&mine, sizeof mine);
+  auto frag = [&](int lane) {
+    Frag f;
+    memcpy(&f, slots[lane], sizeof f);
+    return f;
+  };
+  auto A = [&](int row, int col) {
+    Frag f = frag((row % 8) * 4 + (col % 8) / 2);
+    uint32_t reg = f.a[(row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0)];
+    return (col & 1) ? kt_hi(reg) : kt_lo(reg);
+  };
+  auto B = [&](int k, int n) {
+    Frag f = frag(n * 4 + (k % 8) / 2);
+    uint32_t reg = f.b[k >= 8 ? 1 : 0];
+    return (k & 1) ? kt_hi(reg) : kt_lo(reg);
+  };
+  int lane = int(kt_emu::lane_id()), g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    d[i] = acc;
+  }
+  kt_emu::warp_release();
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// ---- loads ---------------------------------------------------------------------
+// Weights are read once per step: stream them past L1 and mark them first
+// to evict from L2 (hint = 1), or load them plainly (hint = 0).
+template <int hint>
+KT_DEV uint4 kt_ld_weights(const void* p) {
+#ifdef KT_EMULATION
+  uint4 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+#else
+  uint4 v;
+  if (hint == 1) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    v = __ldg(reinterpret_cast<const uint4*>(p));
+  }
+  return v;
+#endif
+}
+
+// Data written earlier in the same launch by other blocks: read at L2
+// (never a stale L1 line).
+KT_DEV float kt_ld_cg(const float* p) {
+#ifdef KT_EMULATION
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+KT_DEV uint16_t kt_ld_cg(const uint16_t* p) {
+#ifdef KT_EMULATION
+  return *p;
+#else
+  return __ldcg(reinterpret_cast<const unsigned short*>(p));
+#endif
+}
+KT_DEV int kt_ld_cg(const int* p) {
+#ifdef KT_EMULATION
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+KT_DEV void kt_prefetch_l2(const void* p) {
+#ifndef KT_EMULATION
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
+// The block's dynamic shared memory.
+KT_DEV unsigned char* kt_smem() {
+#ifdef KT_EMULATION
+  return kt_emu::g_launch->blocks[kt_emu::self().block].smem.data();
+#else
+  extern __shared__ __align__(16) unsigned char kt_dynamic_smem[];
+  return kt_dynamic_smem;
+#endif
+}
+
+// ---- reductions and math ------------------------------------------------------
+KT_DEV float kt_warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+KT_DEV float kt_warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+KT_DEV float kt_silu(float v) { return v / (1.0f + expf(-v)); }
+KT_DEV float kt_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+KT_DEV float kt_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+// ---- grid-wide barrier -----------------------------------------------------------
+// All blocks of a cooperative launch meet here. style 0: a counter and a
+// generation number in global memory (the last block to arrive resets the
+// counter and bumps the generation); style 1: cooperative groups' grid.sync.
+struct KtGridBarrier {
+  unsigned count;
+  unsigned generation;
+};
+
+template <int style>
+KT_DEV void kt_grid_sync(KtGridBarrier* bar) {
+#ifndef KT_EMULATION
+  if (style == 1) {
+    cooperative_groups::this_grid().sync();
+    return;
+  }
+#endif
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = &bar->generation;
+    unsigned seen = *gen;  // read before arriving: the last arriver bumps it only after everyone arrived
+    __threadfence();
+    if (atomicAdd(&bar->count, 1u) == gridDim.x - 1) {
+      atomicExch(&bar->count, 0u);
+      __threadfence();
+      atomicAdd(&bar->generation, 1u);
+    } else {
+      while (*gen == seen) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}

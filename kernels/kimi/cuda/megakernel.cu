@@ -1,0 +1,906 @@
+// Kimi-Linear decode megakernel, v1: one cooperative launch per token runs
+// the whole step. The grid is persistent; phases are separated by grid-wide
+// barriers; inside a phase every block takes work items round-robin.
+//
+// Phases per layer (a barrier after each):
+//   K layer: [qkvg]  q,k,v,g projections (+ conv/SiLU in the epilogue) and beta
+//            [kda]   the gated delta-rule update of S, per (head, 32 value columns)
+//            [oproj] o_proj + residual
+//   M layer: [mla1]  q and kv_a projections (+ RoPE, cache append in the epilogue)
+//            [qabs]  q_abs = W_UK q_nope (absorbed keys)
+//            [attn]  attention over the latent cache, split over rows (partials)
+//            [wuv]   combine partials, o = W_UV o_lat
+//            [oproj] o_proj + residual
+//   MoE:     [route] router logits and the shared expert's gate/up
+//            [gate]  top-k (every block, identically), routed experts' gate/up
+//            [down]  all experts' down projections summed + residual
+//
+// W4A16 GEMV work item: 128 output columns x a range of k. A warp handles a
+// sub-range of k; lane (g, t) loads 16 bytes (16 columns, 2 rows) at k-pairs
+// t and t+4 of each 16-row chunk; nibbles are dequantized exactly (bf16
+// sub then mul) and fed to m16n8k16 tensor-core mma (KT_DEQUANT 1) or to
+// fp32 FMAs (KT_DEQUANT 0). The mma's B columns carry x split as hi + lo
+// bf16 parts, so fp32 inputs (expert activations) keep fp32 accuracy.
+// Items split over k publish partial sums; the last to finish a tile (an
+// atomic counter) sums them in a fixed order and runs the epilogue.
+//
+// Knobs (#defines prepended by the renderer): KT_THREADS, KT_BLOCKS_PER_SM,
+// KT_BARRIER (0 atomic, 1 cooperative groups), KT_DEQUANT (0 fma, 1 mma),
+// KT_UNROLL (chunks of loads in flight per warp), KT_LOAD_HINT (0 plain,
+// 1 evict-first streaming), KT_PREFETCH (1: prefetch the next phase's
+// weights into L2 before waiting at a barrier), KT_ATTN_HEADS (heads per
+// attention item), KT_WAVES (work items per block per phase, target).
+#include "kernels/kimi/cuda/abi.h"
+#include "kernels/kimi/cuda/common.cuh"
+#include "kernels/kimi/topk.h"
+
+namespace mk {
+
+constexpr int D = KT_D, KH = KT_KH, KD = KT_KD, C = KH * KD;
+constexpr int MH = KT_MH, R = KT_R, NOPE = KT_NOPE, ROPE = KT_ROPE, VH = KT_VH, QH = NOPE + ROPE;
+constexpr int QDIM = MH * QH, KVA = R + ROPE, KVB = MH * (NOPE + VH), MO = MH * VH;
+constexpr int E = KT_E, TOPK = KT_TOPK, NSH = KT_NSH, I = KT_I, G = KT_G;
+constexpr int SLOTS = TOPK + NSH;  // experts evaluated per token and layer
+constexpr int THREADS = KT_THREADS, WARPS = THREADS / 32;
+constexpr int TILE = 128, CHUNK = 16;
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
+constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
+constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
+constexpr float kQkScale = 0.07216878364870322f;  // 192^-0.5, for QH = 192 (checked below)
+
+static_assert(THREADS % 32 == 0 && THREADS >= 128 && THREADS <= 1024, "threads");
+static_assert(KD == 128 && NOPE == 128 && VH == 128 && ROPE == 64, "head dims fixed by the kernel's lane maps");
+static_assert(G == 128, "group size 128");
+static_assert(KD % WARPS == 0 && THREADS >= TILE && THREADS >= KD, "kda item split");
+static_assert(R % 64 == 0 && MH % HG == 0, "latent dims");
+static_assert(E <= 64 * 4, "experts");
+
+// ---- global scratch (variant-owned, zeroed once by the runner) ---------------
+struct alignas(16) Scratch {
+  KtGridBarrier bar;
+  unsigned pad[14];
+  int counters[kMaxTiles];
+  alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
+  alignas(16) uint16_t hbuf[D];     // after attention, before the MoE
+  alignas(16) uint16_t act[3][C];   // KDA q, k, v after conv + SiLU
+  alignas(16) uint16_t graw[C];
+  alignas(16) uint16_t beta_raw[KH > 8 ? KH : 8];
+  alignas(16) uint16_t kda_o[C];
+  alignas(16) uint16_t mla_q[QDIM];
+  alignas(16) float q_abs[MH * R];
+  alignas(16) uint16_t mla_o[MO];
+  alignas(16) float attn_m[kMaxChunks * MH];
+  alignas(16) float attn_l[kMaxChunks * MH];
+  alignas(16) uint16_t logits[E > 8 ? E : 8];
+  alignas(16) float gu[SLOTS * 2 * I];
+  alignas(16) float partials[kMaxItems * TILE];
+  alignas(16) float attn_acc[kMaxChunks * MH * R];
+};
+
+// ---- per-block shared memory ------------------------------------------------------
+struct alignas(16) Smem {
+  uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
+  uint32_t xs_lo[KMAX / 2];  // the rest of an fp32 input (x - hi), zero for bf16 inputs
+  float red[WARPS][TILE];
+  float ytile[TILE];
+  float bsum[WARPS];
+  int flag;
+  int topk[TOPK];
+  float topw[TOPK];
+  float kq[KD], qq[KD], dec[KD];
+  float part[2][WARPS][32];
+  float cw[kMaxChunks];
+  float lv[E];
+  ktune::kimi::topk_detail::Item items[E];
+};
+
+struct Ctx {
+  const KimiDeviceArgs& a;
+  Scratch* s;
+  Smem* sm;
+  int tid, lane, warp;
+};
+
+KT_DEV void barrier(Ctx& c) { kt_grid_sync<KT_BARRIER>(&c.s->bar); }
+
+// ---- small block-wide helpers -------------------------------------------------------
+KT_DEV float block_sum(Ctx& c, float v) {
+  v = kt_warp_sum(v);
+  __syncthreads();
+  if (c.lane == 0) c.sm->bsum[c.warp] = v;
+  __syncthreads();
+  float t = 0;
+  for (int w = 0; w < WARPS; ++w) t += c.sm->bsum[w];
+  return t;
+}
+
+// xs = RMSNorm(x, w) as bf16 pairs; x was written earlier in this launch.
+KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
+  float ss = 0;
+  for (int k = c.tid; k < D; k += THREADS) {
+    float v = kt_bf2f(kt_ld_cg(x + k));
+    ss += v * v;
+  }
+  float inv = rsqrtf(block_sum(c, ss) / float(D) + float(KT_EPS));
+  for (int p = c.tid; p < D / 2; p += THREADS) {
+    float v0 = kt_bf2f(kt_ld_cg(x + 2 * p)), v1 = kt_bf2f(kt_ld_cg(x + 2 * p + 1));
+    c.sm->xs_hi[p] = kt_pack(v0 * inv * kt_bf2f(w[2 * p]), v1 * inv * kt_bf2f(w[2 * p + 1]));
+    c.sm->xs_lo[p] = 0;
+  }
+  __syncthreads();
+}
+
+// xs = a bf16 vector written earlier in this launch.
+KT_DEV void stage_bf16(Ctx& c, const uint16_t* x, int n) {
+  for (int p = c.tid; p < n / 2; p += THREADS) {
+    c.sm->xs_hi[p] = uint32_t(kt_ld_cg(x + 2 * p)) | (uint32_t(kt_ld_cg(x + 2 * p + 1)) << 16);
+    c.sm->xs_lo[p] = 0;
+  }
+  __syncthreads();
+}
+
+// Stores an fp32 pair as hi + lo bf16 parts.
+KT_DEV void stage_f32_pair(Ctx& c, int p, float v0, float v1) {
+  uint32_t hi = kt_pack(v0, v1);
+  c.sm->xs_hi[p] = hi;
+  c.sm->xs_lo[p] = kt_pack(v0 - kt_lo(hi), v1 - kt_hi(hi));
+}
+
+// ---- the W4A16 GEMV engine ------------------------------------------------------------
+struct Seg {
+  const uint8_t* wq;
+  const uint16_t* sc;
+  const uint16_t* ze;
+  int N;   // columns of the matrix (bytes per packed row pair)
+  int n0;  // the tile's first column in the matrix
+};
+
+// ss/zz for the 16 columns of this lane group at quantization group `grp`.
+KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
+  uint4 s[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, z[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+  if (active) {
+    size_t off = size_t(grp) * sg.N + col;
+    s[0] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off);
+    s[1] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off + 8);
+    z[0] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off);
+    z[1] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off + 8);
+  }
+#pragma unroll
+  for (int b = 0; b < 16; ++b) {
+    const uint4& sv = s[b / 8];
+    const uint4& zv = z[b / 8];
+    uint32_t sw = (b % 8) / 2 == 0 ? sv.x : (b % 8) / 2 == 1 ? sv.y : (b % 8) / 2 == 2 ? sv.z : sv.w;
+    uint32_t zw = (b % 8) / 2 == 0 ? zv.x : (b % 8) / 2 == 1 ? zv.y : (b % 8) / 2 == 2 ? zv.z : zv.w;
+    uint32_t sb = (b & 1) ? (sw >> 16) : (sw & 0xffffu);
+    float zf = kt_bf2f(uint16_t((b & 1) ? (zw >> 16) : (zw & 0xffffu)));
+    uint32_t zb = kt_f2bf(128.0f + zf);
+    ss[b] = active ? (sb | (sb << 16)) : 0u;
+    zz[b] = active ? (zb | (zb << 16)) : 0u;
+  }
+}
+
+KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Accumulates chunks [l0, l1) of one matrix segment into this warp's
+// registers. xh/xl point at the segment's first k-pair in shared memory.
+KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, const uint32_t* xl,
+                            float (&acc)[16], float (&mma_acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int col = sg.n0 + 16 * g;
+  const bool active = col < sg.N;
+  const uint8_t* wbase = sg.wq + col;
+  uint32_t ss[16], zz[16];
+  int cur_group = -1;
+  constexpr int U = KT_UNROLL;
+  for (int l = l0; l < l1; l += U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int lc = l + u;
+      if (lc < l1 && active) {
+        const size_t kp = size_t(lc) * 8 + t;
+        wa[u] = kt_ld_weights<KT_LOAD_HINT>(wbase + kp * sg.N);
+        wb[u] = kt_ld_weights<KT_LOAD_HINT>(wbase + (kp + 4) * sg.N);
+      } else {
+        wa[u] = make_uint4(0, 0, 0, 0);
+        wb[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int lc = l + u;
+      if (lc >= l1) break;
+      const int grp = lc * CHUNK / G;
+      if (grp != cur_group) {
+        load_scales(sg, grp, col, active, ss, zz);
+        cur_group = grp;
+      }
+#if KT_DEQUANT == 1
+      // B column 0 = hi part of x, column 1 = lo part, the rest zero.
+      const uint32_t* xsrc = g == 0 ? xh : xl;
+      uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int wi = j >> 1, b0 = (j & 1) * 2;
+        const uint32_t A = word_of(wa[u], wi), B = word_of(wb[u], wi);
+        const uint32_t As = A >> 4, Bs = B >> 4;
+        uint32_t a[4] = {kt_dequant_pair(kt_nibble_pair(A, As, b0), zz[2 * j], ss[2 * j]),
+                         kt_dequant_pair(kt_nibble_pair(A, As, b0 + 1), zz[2 * j + 1], ss[2 * j + 1]),
+                         kt_dequant_pair(kt_nibble_pair(B, Bs, b0), zz[2 * j], ss[2 * j]),
+                         kt_dequant_pair(kt_nibble_pair(B, Bs, b0 + 1), zz[2 * j + 1], ss[2 * j + 1])};
+        kt_mma_bf16(mma_acc[j], a, b);
+      }
+#else
+      const uint32_t ha = xh[lc * 8 + t], la = xl[lc * 8 + t];
+      const uint32_t hb = xh[lc * 8 + t + 4], lb = xl[lc * 8 + t + 4];
+      const float xa0 = kt_lo(ha) + kt_lo(la), xa1 = kt_hi(ha) + kt_hi(la);
+      const float xb0 = kt_lo(hb) + kt_lo(lb), xb1 = kt_hi(hb) + kt_hi(lb);
+#pragma unroll
+      for (int bi = 0; bi < 16; ++bi) {
+        const uint32_t A = word_of(wa[u], bi >> 2), B = word_of(wb[u], bi >> 2);
+        const uint32_t pa = kt_dequant_pair(kt_nibble_pair(A, A >> 4, bi & 3), zz[bi], ss[bi]);
+        const uint32_t pb = kt_dequant_pair(kt_nibble_pair(B, B >> 4, bi & 3), zz[bi], ss[bi]);
+        acc[bi] += xa0 * kt_lo(pa) + xa1 * kt_hi(pa) + xb0 * kt_lo(pb) + xb1 * kt_hi(pb);
+      }
+#endif
+    }
+  }
+}
+
+// After accumulation: lanes with t == 0 hold the warp's sums for columns
+// n0 + 16g + b in out[b].
+KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[16]) {
+#if KT_DEQUANT == 1
+  (void)acc;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    out[2 * j] = mma_acc[j][0] + mma_acc[j][1];
+    out[2 * j + 1] = mma_acc[j][2] + mma_acc[j][3];
+  }
+#else
+  (void)mma_acc;
+#pragma unroll
+  for (int b = 0; b < 16; ++b) {
+    float v = acc[b];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    out[b] = v;
+  }
+#endif
+}
+
+// A GEMV phase P provides: tiles(), seg_chunks(tile), seg(tile, s),
+// stage(c, tile, kc0, kc1) (fill xs for that k range, or nothing when the
+// input was staged once for the phase), epilogue(c, tile, y), and
+// prefetchable (its weights do not depend on data of this launch).
+KT_DEV int split_for(int tiles, int chunks, int extra_items) {
+  int s = (int(gridDim.x) * KT_WAVES - extra_items) / tiles;
+  int most = chunks / WARPS > 0 ? chunks / WARPS : 1;
+  s = s < 1 ? 1 : s;
+  s = s > most ? most : s;
+  while (tiles * s > kMaxItems) --s;
+  return s;
+}
+
+template <class P>
+KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
+  const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
+  const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
+  p.stage(c, tile, kc0, kc1);
+  const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  for (int kc = wc0; kc < wc1;) {
+    const int s = kc / segc, l0 = kc % segc;
+    const int l1 = (l0 + (wc1 - kc)) < segc ? (l0 + (wc1 - kc)) : segc;
+    const Seg sg = p.seg(tile, s);
+    const int xoff = s * segc * 8;  // k-pairs before this segment in the tile's input
+    gemv_accumulate(sg, l0, l1, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
+    kc += l1 - l0;
+  }
+  gemv_finish(acc, mma_acc, out);
+  const int g = c.lane >> 2, t = c.lane & 3;
+  if (t == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) c.sm->red[c.warp][16 * g + b] = out[b];
+  }
+  __syncthreads();
+  float y = 0;
+  if (c.tid < TILE)
+    for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
+  if (S > 1) {
+    if (c.tid < TILE) c.s->partials[(size_t(tile) * S + split) * TILE + c.tid] = y;
+    __threadfence();
+    __syncthreads();
+    if (c.tid == 0) c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
+    __syncthreads();
+    if (!c.sm->flag) return;
+    __threadfence();
+    y = 0;
+    if (c.tid < TILE)
+      for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[(size_t(tile) * S + sp) * TILE + c.tid]);
+    if (c.tid == 0) c.s->counters[tile] = 0;
+  }
+  if (c.tid < TILE) c.sm->ytile[c.tid] = y;
+  __syncthreads();
+  p.epilogue(c, tile, c.sm->ytile);
+  __syncthreads();
+}
+
+// Prefetches into L2 the weight rows this block will read in phase p.
+template <class P>
+KT_DEV void prefetch_phase(Ctx& c, P& p, int extra_items) {
+#if KT_PREFETCH
+  const int tiles = p.tiles();
+  const int segc0 = p.seg_chunks(0);
+  const int S = split_for(tiles, segc0 * p.nseg(0), extra_items);
+  for (int it = blockIdx.x; it < tiles * S; it += gridDim.x) {
+    const int tile = it / S, split = it % S;
+    const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
+    const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
+    for (int kp = kc0 * 8 + c.tid; kp < kc1 * 8; kp += THREADS) {
+      const int s = kp / (segc * 8), lp = kp % (segc * 8);
+      const Seg sg = p.seg(tile, s);
+      const uint8_t* row = sg.wq + size_t(lp) * sg.N + sg.n0;
+      kt_prefetch_l2(row);
+      kt_prefetch_l2(row + TILE - 1);
+    }
+  }
+#else
+  (void)c;
+  (void)p;
+  (void)extra_items;
+#endif
+}
+
+template <class P>
+KT_DEV void run_gemv_phase(Ctx& c, P& p) {
+  const int tiles = p.tiles(), rows = p.row_items();
+  const int S = split_for(tiles, p.seg_chunks(0) * p.nseg(0), rows);
+  const int items = tiles * S + rows;
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    if (it < tiles * S) gemv_item(c, p, it / S, it % S, S);
+    else p.row_item(c, it - tiles * S);
+  }
+}
+
+// A warp computes bf16(dot(xs, w_row)) for a bf16 weight row of length D.
+KT_DEV float row_dot(Ctx& c, const uint16_t* w) {
+  float acc = 0;
+  for (int k = c.lane * 8; k < D; k += 256) {
+    uint4 v = kt_ld_weights<0>(w + k);
+    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t xp = c.sm->xs_hi[k / 2 + i];
+      acc += kt_lo(xp) * kt_lo(wv[i]) + kt_hi(xp) * kt_hi(wv[i]);
+    }
+  }
+  return kt_round_bf16(kt_warp_sum(acc));
+}
+
+// Shared between phases: a single-matrix tile list.
+struct OneMatrix {
+  KtW4 w;
+  int N, K;
+  KT_DEV Seg seg_at(int tile) const { return Seg{w.w_q, w.scales, w.zeros, N, tile * TILE}; }
+};
+
+KT_DEV double rope_angle(int pos, int i) { return double(pos) * pow(double(KT_ROPE_THETA), -2.0 * i / ROPE); }
+
+KT_DEV void rope_pair(float y0, float y1, int pos, int i, uint16_t* out) {
+  double s, co;
+  sincos(rope_angle(pos, i), &s, &co);
+  const double x0 = kt_round_bf16(y0), x1 = kt_round_bf16(y1);
+  out[0] = kt_f2bf(float(x0 * co - x1 * s));
+  out[1] = kt_f2bf(float(x1 * co + x0 * s));
+}
+
+// ---- K layer ------------------------------------------------------------------
+struct QkvgPhase {
+  const KtKdaLayer& L;
+  int layer;
+  KT_DEV int tiles() const { return 4 * (C / TILE); }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
+  KT_DEV Seg seg(int tile, int) const {
+    const int m = tile / (C / TILE);
+    const KtW4& w = m == 0 ? L.q : m == 1 ? L.k : m == 2 ? L.v : L.g;
+    return Seg{w.w_q, w.scales, w.zeros, C, (tile % (C / TILE)) * TILE};
+  }
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV int row_items() const { return (KH + WARPS - 1) / WARPS; }
+  KT_DEV void row_item(Ctx& c, int item) {
+    const int h = item * WARPS + c.warp;
+    if (h < KH) {
+      float v = row_dot(c, L.beta + size_t(h) * D);
+      if (c.lane == 0) c.s->beta_raw[h] = kt_f2bf(v);
+    }
+  }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    const int m = tile / (C / TILE), n0 = (tile % (C / TILE)) * TILE;
+    if (c.tid >= TILE) return;
+    const int n = n0 + c.tid;
+    const uint16_t raw = kt_f2bf(y[c.tid]);
+    if (m == 3) {
+      c.s->graw[n] = raw;
+      return;
+    }
+    uint16_t* win = L.win[m];
+    const uint16_t* cw = L.conv_w + (size_t(m) * C + n) * 4;
+    const uint16_t w0 = win[n], w1 = win[C + n], w2 = win[2 * C + n];
+    float s = kt_bf2f(w0) * kt_bf2f(cw[0]) + kt_bf2f(w1) * kt_bf2f(cw[1]) + kt_bf2f(w2) * kt_bf2f(cw[2]) +
+              kt_bf2f(raw) * kt_bf2f(cw[3]);
+    c.s->act[m][n] = kt_f2bf(kt_silu(s));
+    win[n] = w1;
+    win[C + n] = w2;
+    win[2 * C + n] = raw;
+  }
+};
+
+// One item: head h, value columns [32 jc, 32 jc + 32).
+KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L) {
+  constexpr int RPW = KD / WARPS;  // key rows per warp
+  const int items = KH * (KD / 32);
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int h = it / (KD / 32), j = (it % (KD / 32)) * 32 + c.lane;
+    if (c.tid < KD) {
+      const int i = c.tid;
+      c.sm->kq[i] = kt_bf2f(kt_ld_cg(&c.s->act[1][h * KD + i]));
+      c.sm->qq[i] = kt_bf2f(kt_ld_cg(&c.s->act[0][h * KD + i])) * 0.08838834764831845f;  // 128^-0.5
+      c.sm->dec[i] = expf(-kt_softplus(kt_bf2f(kt_ld_cg(&c.s->graw[h * KD + i]))));
+    }
+    __syncthreads();
+    const float beta = kt_sigmoid(kt_bf2f(kt_ld_cg(&c.s->beta_raw[h])));
+    float* S = L.S + size_t(h) * KD * KD;
+    float sv[RPW];
+    float pred = 0;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int i = c.warp * RPW + r;
+      sv[r] = S[size_t(i) * KD + j] * c.sm->dec[i];
+      pred += sv[r] * c.sm->kq[i];
+    }
+    c.sm->part[0][c.warp][c.lane] = pred;
+    __syncthreads();
+    pred = 0;
+    for (int w = 0; w < WARPS; ++w) pred += c.sm->part[0][w][c.lane];
+    const float delta = beta * (kt_bf2f(kt_ld_cg(&c.s->act[2][h * KD + j])) - pred);
+    float o = 0;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int i = c.warp * RPW + r;
+      sv[r] += c.sm->kq[i] * delta;
+      S[size_t(i) * KD + j] = sv[r];
+      o += sv[r] * c.sm->qq[i];
+    }
+    c.sm->part[1][c.warp][c.lane] = o;
+    __syncthreads();
+    if (c.warp == 0) {
+      float ot = 0;
+      for (int w = 0; w < WARPS; ++w) ot += c.sm->part[1][w][c.lane];
+      c.s->kda_o[h * KD + j] = kt_f2bf(ot);
+    }
+    __syncthreads();
+  }
+}
+
+// o_proj: input staged once (bf16 [K]), output h = x + bf16(y).
+struct OprojPhase {
+  OneMatrix m;
+  const uint16_t* x;
+  uint16_t* out;
+  KT_DEV int tiles() const { return D / TILE; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
+  KT_DEV Seg seg(int tile, int) const { return m.seg_at(tile); }
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    if (c.tid < TILE) {
+      const int n = tile * TILE + c.tid;
+      out[n] = kt_f2bf(kt_bf2f(kt_ld_cg(x + n)) + kt_round_bf16(y[c.tid]));
+    }
+  }
+};
+
+// ---- M layer ------------------------------------------------------------------
+struct Mla1Phase {
+  const KtMlaLayer& L;
+  int pos;
+  static constexpr int QT = QDIM / TILE, KT = (KVA + TILE - 1) / TILE;
+  KT_DEV int tiles() const { return QT + KT; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
+  KT_DEV Seg seg(int tile, int) const {
+    if (tile < QT) return Seg{L.q.w_q, L.q.scales, L.q.zeros, QDIM, tile * TILE};
+    return Seg{L.kv_a.w_q, L.kv_a.scales, L.kv_a.zeros, KVA, (tile - QT) * TILE};
+  }
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    if (c.tid >= TILE) return;
+    const int cidx = c.tid;
+    if (tile < QT) {
+      const int n = tile * TILE + cidx, hc = n % QH;
+      if (hc < NOPE) {
+        c.s->mla_q[n] = kt_f2bf(y[cidx]);
+      } else if ((hc - NOPE) % 2 == 0) {
+        rope_pair(y[cidx], y[cidx + 1], pos, (hc - NOPE) / 2, &c.s->mla_q[n]);
+      }
+    } else {
+      const int n = (tile - QT) * TILE + cidx;
+      if (n < R) {
+        L.c_kv[size_t(pos) * R + n] = kt_f2bf(y[cidx]);
+      } else if (n < KVA && (n - R) % 2 == 0) {
+        rope_pair(y[cidx], y[cidx + 1], pos, (n - R) / 2, &L.k_rope[size_t(pos) * ROPE + (n - R)]);
+      }
+    }
+  }
+};
+
+// q_abs[h][r] = sum_d W_kvb[r, h*(NOPE+VH) + d] q_nope[h][d], pre-scaled by
+// 192^-0.5. Item: (head, 64 latent rows); a warp takes 4 packed rows at a
+// time, 8 lanes per row, 16 columns per lane.
+KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
+  const int per_head = R / 64, items = MH * per_head;
+  const int sub = c.lane >> 3, c16 = (c.lane & 7) * 16;
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int h = it / per_head, rp0 = (it % per_head) * 32;
+    float q[16];
+#pragma unroll
+    for (int b = 0; b < 16; ++b) q[b] = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + c16 + b]));
+    const int col = h * (NOPE + VH) + c16;
+    for (int br = c.warp * 4 + sub; br < 32; br += WARPS * 4) {
+      const int rp = rp0 + br;
+      const uint4 wv = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
+      const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
+      uint32_t ss[16], zz[16];
+      load_scales(sg, (2 * rp) / G, col, true, ss, zz);
+      float a0 = 0, a1 = 0;
+#pragma unroll
+      for (int b = 0; b < 16; ++b) {
+        const uint32_t w = word_of(wv, b >> 2);
+        const uint32_t pr = kt_dequant_pair(kt_nibble_pair(w, w >> 4, b & 3), zz[b], ss[b]);
+        a0 += q[b] * kt_lo(pr);
+        a1 += q[b] * kt_hi(pr);
+      }
+#pragma unroll
+      for (int m = 1; m < 8; m <<= 1) {
+        a0 += __shfl_xor_sync(0xffffffffu, a0, m);
+        a1 += __shfl_xor_sync(0xffffffffu, a1, m);
+      }
+      if ((c.lane & 7) == 0) {
+        c.s->q_abs[h * R + 2 * rp] = a0 * kQkScale;
+        c.s->q_abs[h * R + 2 * rp + 1] = a1 * kQkScale;
+      }
+    }
+  }
+}
+
+KT_DEV int attn_chunks(int rows) {
+  int n = int(gridDim.x) / (MH / HG);
+  int most = (rows + 3) / 4;
+  n = n > most ? most : n;
+  n = n > kMaxChunks ? kMaxChunks : n;
+  return n < 1 ? 1 : n;
+}
+
+// Attention partials: item (head group, row chunk); each warp one head at a
+// time with an online softmax; lane covers R/32 latent and 2 rope dims.
+KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
+  constexpr int LPL = R / 32;
+  const int rows = pos + 1, nch = attn_chunks(rows), groups = MH / HG;
+  const int items = groups * nch;
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int hg = it / nch, ch = it % nch;
+    const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
+    for (int hl = c.warp; hl < HG; hl += WARPS) {
+      const int h = hg * HG + hl;
+      float qa[LPL], acc[LPL];
+#pragma unroll
+      for (int d = 0; d < LPL; ++d) {
+        qa[d] = kt_ld_cg(&c.s->q_abs[h * R + c.lane * LPL + d]);
+        acc[d] = 0;
+      }
+      const float qr0 = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + NOPE + 2 * c.lane])) * kQkScale;
+      const float qr1 = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + NOPE + 2 * c.lane + 1])) * kQkScale;
+      float m = -INFINITY, l = 0;
+      for (int t = r0; t < r1; ++t) {
+        const uint16_t* crow = L.c_kv + size_t(t) * R + c.lane * LPL;
+        const uint16_t* krow = L.k_rope + size_t(t) * ROPE + 2 * c.lane;
+        float cv[LPL];
+        float k0, k1;
+        if (t == pos) {  // written by this launch: read at L2
+#pragma unroll
+          for (int d = 0; d < LPL; ++d) cv[d] = kt_bf2f(kt_ld_cg(crow + d));
+          k0 = kt_bf2f(kt_ld_cg(krow));
+          k1 = kt_bf2f(kt_ld_cg(krow + 1));
+        } else {
+#pragma unroll
+          for (int d = 0; d < LPL; d += 2) {
+            const uint32_t p = *reinterpret_cast<const uint32_t*>(crow + d);
+            cv[d] = kt_lo(p);
+            cv[d + 1] = kt_hi(p);
+          }
+          const uint32_t kp = *reinterpret_cast<const uint32_t*>(krow);
+          k0 = kt_lo(kp);
+          k1 = kt_hi(kp);
+        }
+        float sc = qr0 * k0 + qr1 * k1;
+#pragma unroll
+        for (int d = 0; d < LPL; ++d) sc += qa[d] * cv[d];
+        sc = kt_warp_sum(sc);
+        const float mn = fmaxf(m, sc);
+        const float corr = expf(m - mn), p = expf(sc - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int d = 0; d < LPL; ++d) acc[d] = acc[d] * corr + p * cv[d];
+        m = mn;
+      }
+      const int slot = ch * MH + h;
+      if (c.lane == 0) {
+        c.s->attn_m[slot] = m;
+        c.s->attn_l[slot] = l;
+      }
+#pragma unroll
+      for (int d = 0; d < LPL; ++d) c.s->attn_acc[size_t(slot) * R + c.lane * LPL + d] = acc[d];
+    }
+  }
+}
+
+// o[h] = W_UV[h]^T o_lat[h]: one tile per head; the input (the combined
+// attention partials for the item's latent rows) is staged per item.
+struct WuvPhase {
+  const KtMlaLayer& L;
+  int nch;
+  KT_DEV int tiles() const { return MH; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return R / CHUNK; }
+  KT_DEV Seg seg(int h, int) const {
+    return Seg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, h * (NOPE + VH) + NOPE};
+  }
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void stage(Ctx& c, int h, int kc0, int kc1) {
+    float mx = -INFINITY;
+    for (int ch = 0; ch < nch; ++ch) mx = fmaxf(mx, kt_ld_cg(&c.s->attn_m[ch * MH + h]));
+    float den = 0;
+    for (int ch = c.tid; ch < nch; ch += THREADS) {
+      const float w = expf(kt_ld_cg(&c.s->attn_m[ch * MH + h]) - mx);
+      c.sm->cw[ch] = w;
+      den += w * kt_ld_cg(&c.s->attn_l[ch * MH + h]);
+    }
+    den = block_sum(c, den);
+    for (int p = kc0 * 8 + c.tid; p < kc1 * 8; p += THREADS) {
+      float v0 = 0, v1 = 0;
+      for (int ch = 0; ch < nch; ++ch) {
+        const float* a = &c.s->attn_acc[size_t(ch * MH + h) * R + 2 * p];
+        v0 += c.sm->cw[ch] * kt_ld_cg(a);
+        v1 += c.sm->cw[ch] * kt_ld_cg(a + 1);
+      }
+      stage_f32_pair(c, p, v0 / den, v1 / den);
+    }
+    __syncthreads();
+  }
+  KT_DEV void epilogue(Ctx& c, int h, const float* y) {
+    if (c.tid < VH) c.s->mla_o[h * VH + c.tid] = kt_f2bf(y[c.tid]);
+  }
+};
+
+// ---- MoE ---------------------------------------------------------------------------
+// Shared experts' gate/up (tiles) and the router logits (row items).
+struct RoutePhase {
+  const KtMoeLayer& L;
+  static constexpr int IT = I / TILE;
+  KT_DEV int tiles() const { return NSH * 2 * IT; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
+  KT_DEV Seg seg(int tile, int) const {
+    const int sh = tile / (2 * IT), up = (tile / IT) % 2;
+    const KtW4& w = up ? L.s_up : L.s_gate;
+    const size_t e = size_t(sh);
+    return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I,
+               (tile % IT) * TILE};
+  }
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV int row_items() const { return (E + WARPS - 1) / WARPS; }
+  KT_DEV void row_item(Ctx& c, int item) {
+    const int e = item * WARPS + c.warp;
+    if (e < E) {
+      const float v = row_dot(c, L.router + size_t(e) * D);
+      if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
+    }
+  }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    const int sh = tile / (2 * IT), up = (tile / IT) % 2;
+    if (c.tid < TILE) c.s->gu[((TOPK + sh) * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
+  }
+};
+
+// Every block selects the same experts from the logits. Fast path: rank by
+// value; when equal logits straddle the top-k boundary, the exact order of
+// PyTorch's CPU top-k decides (topk.h), as in the oracle.
+KT_DEV void select_experts(Ctx& c, int layer) {
+  if (c.warp == 0) {
+    float pmax = -INFINITY;
+    for (int e = c.lane; e < E; e += 32) {
+      c.sm->lv[e] = kt_bf2f(kt_ld_cg(&c.s->logits[e]));
+      pmax = fmaxf(pmax, c.sm->lv[e]);
+    }
+    pmax = kt_warp_max(pmax);
+    __syncwarp();
+    float total = 0;
+    for (int e = c.lane; e < E; e += 32) total += expf(c.sm->lv[e] - pmax);
+    total = kt_warp_sum(total);
+    // rank = number of strictly greater values; ambiguous when equal values
+    // straddle the boundary or tie inside the selection.
+    bool ambiguous = false;
+    for (int e = c.lane; e < E; e += 32) {
+      int greater = 0, equal_before = 0, equal = 0;
+      for (int f = 0; f < E; ++f) {
+        greater += c.sm->lv[f] > c.sm->lv[e];
+        equal += c.sm->lv[f] == c.sm->lv[e];
+        equal_before += (c.sm->lv[f] == c.sm->lv[e]) && f < e;
+      }
+      if (greater < TOPK && greater + equal > TOPK) ambiguous = true;
+      if (greater < TOPK && !ambiguous) c.sm->topk[greater + equal_before] = e;
+    }
+    ambiguous = __any_sync(0xffffffffu, ambiguous);
+    __syncwarp();
+    if (ambiguous && c.lane == 0) ktune::kimi::torch_topk(c.sm->lv, E, TOPK, c.sm->topk, c.sm->items);
+    __syncwarp();
+    float wsum = 0;
+    for (int j = 0; j < TOPK; ++j) wsum += expf(c.sm->lv[c.sm->topk[j]] - pmax) / total;
+    if (c.lane < TOPK) {
+      const float p = expf(c.sm->lv[c.sm->topk[c.lane]] - pmax) / total;
+      c.sm->topw[c.lane] = p / (wsum + 1e-9f) * float(KT_SCALING);
+      if (blockIdx.x == 0 && c.a.topk_out) c.a.topk_out[layer * TOPK + c.lane] = c.sm->topk[c.lane];
+    }
+  }
+  __syncthreads();
+}
+
+struct GatePhase {
+  const KtMoeLayer& L;
+  const int* topk;
+  static constexpr int IT = I / TILE;
+  KT_DEV int tiles() const { return TOPK * 2 * IT; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
+  KT_DEV Seg seg(int tile, int) const {
+    const int j = tile / (2 * IT), up = (tile / IT) % 2;
+    const KtW4& w = up ? L.up : L.gate;
+    const size_t e = size_t(topk[j]);
+    return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I,
+               (tile % IT) * TILE};
+  }
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    const int j = tile / (2 * IT), up = (tile / IT) % 2;
+    if (c.tid < TILE) c.s->gu[(j * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
+  }
+};
+
+// All experts' down projections as one GEMV over the concatenated
+// activations, each pre-scaled by its routing weight; output x = h + bf16(y).
+struct DownPhase {
+  const KtMoeLayer& L;
+  const int* topk;
+  const float* topw;
+  const uint16_t* h;
+  uint16_t* out;
+  KT_DEV int tiles() const { return D / TILE; }
+  KT_DEV int nseg(int) const { return SLOTS; }
+  KT_DEV int seg_chunks(int) const { return I / CHUNK; }
+  KT_DEV Seg seg(int tile, int s) const {
+    const bool shared = s >= TOPK;
+    const KtW4& w = shared ? L.s_down : L.down;
+    const size_t e = shared ? size_t(s - TOPK) : size_t(topk[s]);
+    return Seg{w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE};
+  }
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void stage(Ctx& c, int, int kc0, int kc1) {
+    for (int p = kc0 * 8 + c.tid; p < kc1 * 8; p += THREADS) {
+      const int k = 2 * p, s = k / I, i = k % I;
+      const float w = s < TOPK ? topw[s] : 1.0f;
+      const float* g = &c.s->gu[(s * 2) * I + i];
+      const float* u = &c.s->gu[(s * 2 + 1) * I + i];
+      stage_f32_pair(c, p, kt_silu(kt_ld_cg(g)) * kt_ld_cg(u) * w, kt_silu(kt_ld_cg(g + 1)) * kt_ld_cg(u + 1) * w);
+    }
+    __syncthreads();
+  }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+    if (c.tid < TILE) {
+      const int n = tile * TILE + c.tid;
+      out[n] = kt_f2bf(kt_bf2f(kt_ld_cg(h + n)) + kt_round_bf16(y[c.tid]));
+    }
+  }
+};
+
+KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
+  const KtMoeLayer& L = Ly.moe;
+  RoutePhase route{L};
+  stage_rmsnorm(c, c.s->hbuf, Ly.moe_norm);
+  run_gemv_phase(c, route);
+  barrier(c);
+  select_experts(c, layer);
+  GatePhase gate{L, c.sm->topk};  // xs still holds RMSNorm(h) from the route phase
+  run_gemv_phase(c, gate);
+  DownPhase down{L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
+  prefetch_phase(c, down, 0);
+  barrier(c);
+  run_gemv_phase(c, down);
+}
+
+}  // namespace mk
+
+extern "C" __device__ int ktune_abi_version = KT_ABI_VERSION;
+extern "C" __device__ int ktune_config[KT_CONFIG_FIELDS] = {
+    KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH, KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS,
+    KT_PATTERN_M};
+extern "C" __device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
+extern "C" __device__ int ktune_num_launches = 1;
+extern "C" __device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
+
+extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
+    ktune_k0(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
+  using namespace mk;
+  Ctx c{a, reinterpret_cast<Scratch*>(a.scratch), reinterpret_cast<Smem*>(kt_smem()), int(threadIdx.x),
+        int(threadIdx.x) & 31, int(threadIdx.x) >> 5};
+  const int pos = a.context;
+  for (int layer = 0; layer < KT_LAYERS; ++layer) {
+    const KtLayer& Ly = a.layers[layer];
+    const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
+    uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
+    if (layer > 0) barrier(c);
+    if (((KT_PATTERN_M >> layer) & 1) == 0) {
+      const KtKdaLayer& L = Ly.kda;
+      QkvgPhase qkvg{L, layer};
+      stage_rmsnorm(c, x, Ly.attn_norm);
+      run_gemv_phase(c, qkvg);
+      barrier(c);
+      kda_phase(c, L);
+      OprojPhase oproj{OneMatrix{L.o, D, C}, x, c.s->hbuf};
+      prefetch_phase(c, oproj, 0);
+      barrier(c);
+      stage_bf16(c, c.s->kda_o, C);
+      run_gemv_phase(c, oproj);
+    } else {
+      const KtMlaLayer& L = Ly.mla;
+      Mla1Phase mla1{L, pos};
+      stage_rmsnorm(c, x, Ly.attn_norm);
+      run_gemv_phase(c, mla1);
+      barrier(c);
+      qabs_phase(c, L);
+      barrier(c);
+      attn_phase(c, L, pos);
+      WuvPhase wuv{L, attn_chunks(pos + 1)};
+      prefetch_phase(c, wuv, 0);
+      barrier(c);
+      run_gemv_phase(c, wuv);
+      OprojPhase oproj{OneMatrix{L.o, D, MO}, x, c.s->hbuf};
+      prefetch_phase(c, oproj, 0);
+      barrier(c);
+      stage_bf16(c, c.s->mla_o, MO);
+      run_gemv_phase(c, oproj);
+    }
+    RoutePhase next_route{Ly.moe};
+    prefetch_phase(c, next_route, 0);
+    barrier(c);
+    moe_layer(c, layer, Ly, x_next);
+  }
+}
+
+KT_KERNEL_TABLE_BEGIN
+KT_KERNEL(ktune_k0)
+KT_KERNEL_TABLE_END

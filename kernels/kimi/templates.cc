@@ -1,0 +1,118 @@
+#include "kernels/kimi/templates.h"
+
+#include <cstdio>
+
+namespace ktune::kimi {
+
+using variants::Knob;
+using variants::KnobSpace;
+using variants::Template;
+
+namespace {
+
+KnobSpace cuda_mega_space() {
+  KnobSpace s;
+  s.knobs = {
+      {"threads", "KT_THREADS", {128, 256, 512}, 256, "threads per block (4, 8 or 16 warps)"},
+      {"blocks_per_sm", "KT_BLOCKS_PER_SM", {1, 2}, 1,
+       "co-resident blocks per SM; 2 halves the register budget per thread"},
+      {"barrier", "KT_BARRIER", {"atomic", "coop"}, "atomic",
+       "grid barrier: a global counter + generation, or cooperative_groups grid.sync()"},
+      {"dequant", "KT_DEQUANT", {"fma", "mma"}, "mma",
+       "int4 dequant feeding fp32 FMAs, or bf16 tensor-core mma (m16n8k16)"},
+      {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 4, "16-row chunks of 16-byte weight loads in flight per warp"},
+      {"load_hint", "KT_LOAD_HINT", {"plain", "stream"}, "stream",
+       "weight loads: plain (L1-cached), or streaming past L1 with an evict-first L2 policy"},
+      {"prefetch", "KT_PREFETCH", {0, 1}, 1,
+       "prefetch the next phase's weights into L2 before waiting at a grid barrier"},
+      {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 8, "MLA heads per attention work item"},
+      {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
+  };
+  s.constraint = [](const json& p, std::string* why) {
+    if (p["threads"].get<int>() * p["blocks_per_sm"].get<int>() > 1024) {
+      *why = "threads x blocks_per_sm exceeds 1024 (SM thread limit 2048 with headroom for registers)";
+      return false;
+    }
+    return true;
+  };
+  return s;
+}
+
+KnobSpace host_mega_space() {
+  KnobSpace s;
+  s.knobs = {
+      {"threads", "KT_THREADS", {1, 2, 4, 8}, 2, "worker threads in the step's one parallel region"},
+      {"tile", "KT_TILE", {16, 32, 64, 128, 256}, 64, "output columns per work unit of a W4A16 GEMV"},
+      {"barrier", "KT_BARRIER", {"spin", "blocking"}, "spin",
+       "barrier between phases: an atomic spin barrier or a blocking (futex) one"},
+      {"dequant", "KT_DEQUANT", {"lut", "direct"}, "lut",
+       "int4 dequant: a 16-entry table per (group, column), or arithmetic per weight"},
+      {"mla", "KT_MLA", {"exact", "absorbed"}, "exact",
+       "MLA as written (expand every cached row through kv_b) or the absorbed form"},
+      {"unroll", "KT_UNROLL", {1, 2, 4}, 2, "row pairs per inner-loop step of a GEMV"},
+  };
+  return s;
+}
+
+std::vector<Template> make_templates() {
+  std::vector<Template> t;
+  t.push_back({"kimi-mega-cuda", "cuda", "kernels/kimi/cuda/megakernel.cu", cuda_mega_space(), 1,
+               "the whole decode step in one cooperative launch (megakernel v1)"});
+  t.push_back({"kimi-base-cuda", "cuda", "kernels/kimi/cuda/baseline.cu", KnobSpace{}, 0,
+               "one kernel per operation, each weight dequantized to bf16 before its GEMV (PyTorch eager style)"});
+  t.push_back({"kimi-mega-host", "host", "kernels/kimi/host/megakernel.cc", host_mega_space(), 1,
+               "the whole decode step in one parallel region, barriers between phases"});
+  t.push_back({"kimi-base-host", "host", "kernels/kimi/host/baseline.cc", KnobSpace{}, 0,
+               "one parallel region per operation"});
+  return t;
+}
+
+}  // namespace
+
+const std::vector<Template>& templates() {
+  static const std::vector<Template> t = make_templates();
+  return t;
+}
+
+const Template* find_template(const std::string& name) {
+  for (const Template& t : templates())
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const Template* baseline_template(const std::string& backend) {
+  return find_template(backend == "host" ? "kimi-base-host" : "kimi-base-cuda");
+}
+
+const Template* megakernel_template(const std::string& backend) {
+  return find_template(backend == "host" ? "kimi-mega-host" : "kimi-mega-cuda");
+}
+
+std::vector<int> config_signature(const KimiConfig& c) {
+  int pattern = 0;
+  for (int i = 0; i < c.layers(); ++i)
+    if (!c.is_kda(i)) pattern |= 1 << i;
+  return {c.hidden,    c.kda_heads, c.kda_head_dim, c.mla_heads, c.kv_lora,  c.qk_nope,  c.qk_rope, c.v_head,
+          c.n_experts, c.n_active,  c.n_shared,     c.moe_inter, c.group,    c.layers(), pattern};
+}
+
+std::map<std::string, std::string> config_defines(const KimiConfig& c) {
+  auto num = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    std::string s = buf;
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+  };
+  std::vector<int> sig = config_signature(c);
+  const char* names[] = {"KT_D", "KT_KH", "KT_KD", "KT_MH", "KT_R", "KT_NOPE", "KT_ROPE", "KT_VH",
+                         "KT_E", "KT_TOPK", "KT_NSH", "KT_I", "KT_G", "KT_LAYERS", "KT_PATTERN_M"};
+  std::map<std::string, std::string> d;
+  for (size_t i = 0; i < sig.size(); ++i) d[names[i]] = std::to_string(sig[i]);
+  d["KT_ROPE_THETA"] = num(c.rope_theta);
+  d["KT_SCALING"] = num(c.routed_scaling);
+  d["KT_EPS"] = num(c.rms_eps);
+  return d;
+}
+
+}  // namespace ktune::kimi

@@ -1,0 +1,46 @@
+// A variant loaded into the runner's process from a shared library: a host
+// variant (g++ build of a host template) or a CUDA variant built for the
+// CPU emulator. Checks the exported ABI version and sizes before anything
+// runs, so a variant built for another config is a launch_error with a
+// clear message, not a wrong answer or a crash.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kernels/kimi/cuda/abi.h"
+#include "kernels/kimi/host/runtime.h"
+
+namespace ktune::measure {
+
+typedef int (*KtEmuLaunchFn)(int kernel, int grid, int block, int smem, const void* args, const void* launch_args,
+                             char* err, int errlen);
+
+class LoadedVariant {
+ public:
+  LoadedVariant() = default;
+  ~LoadedVariant();
+  LoadedVariant(const LoadedVariant&) = delete;
+  LoadedVariant& operator=(const LoadedVariant&) = delete;
+
+  // `signature` is the ktune_config the task expects.
+  bool load(const std::string& path, const std::vector<int>& signature, std::string* err);
+  long long scratch_bytes() const { return scratch_bytes_; }
+  // Host variants: one decode step.
+  KtHostStepFn host_step() const { return host_step_; }
+  // Emulated CUDA variants: the launch table and the launcher.
+  const std::vector<KtLaunch>& launches() const { return launches_; }
+  KtEmuLaunchFn emu_launch() const { return emu_launch_; }
+
+ private:
+  void* handle_ = nullptr;
+  long long scratch_bytes_ = 0;
+  KtHostStepFn host_step_ = nullptr;
+  KtEmuLaunchFn emu_launch_ = nullptr;
+  std::vector<KtLaunch> launches_;
+};
+
+// Checks an exported ktune_config against the expected one; describes the
+// first difference.
+bool check_signature(const int* got, const std::vector<int>& want, std::string* err);
+
+}  // namespace ktune::measure

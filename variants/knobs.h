@@ -1,0 +1,41 @@
+// Knob spaces: the design levers of a kernel template, each a named list of
+// allowed values with a default, plus the constraints that tie knobs
+// together. A variant of a template is a point in its space; designers
+// explore the space, the renderer turns a point into source.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+
+namespace ktune::variants {
+
+struct Knob {
+  std::string name;          // e.g. "threads"
+  std::string macro;         // the #define the template reads, e.g. "KT_THREADS"
+  std::vector<json> values;  // allowed values, in a meaningful order (small to large);
+                             // numbers render as themselves, strings (enumerations)
+                             // as their position in this list, so `#if KT_X == 1` works
+  json default_value;
+  std::string help;          // what the lever does, for users and the LLM designer
+};
+
+struct KnobSpace {
+  std::vector<Knob> knobs;
+  // Cross-knob rules: returns false with the reason when a point is invalid.
+  std::function<bool(const json& point, std::string* why)> constraint;
+
+  const Knob* find(const std::string& name) const;
+  json defaults() const;
+  // Every knob present with an allowed value, no unknown knobs, and the
+  // constraint holds.
+  bool valid(const json& point, std::string* why) const;
+  // Fills missing knobs with their defaults (no validation).
+  json complete(const json& point) const;
+  // The number of points before constraints.
+  double size() const;
+  json describe() const;  // [{name, values, default, help}] for prompts and `ktune show`
+};
+
+}  // namespace ktune::variants
