@@ -29,7 +29,7 @@ void check_file(const std::string& name) {
       oracle_step(g.weights, st, tok.data(), out);
       return true;
     };
-    REQUIRE_MESSAGE(check_golden_case(g, c, step, 0.9999, &checks, &err), err);
+    REQUIRE_MESSAGE(check_golden_case(g, c, step, GoldenOptions{}, &checks, &err), err);
   }
   // Worst cosine per kind of output, printed for the record.
   std::map<std::string, double> worst;

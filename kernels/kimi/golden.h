@@ -40,7 +40,19 @@ struct GoldenCheck {
 // experts against the file. `min_cosine` is the gate (0.9999 per the README).
 using StepFn = std::function<bool(KimiState* state, const std::vector<uint16_t>& token, StepOutput* out,
                                   std::string* err)>;
-bool check_golden_case(const GoldenFile& g, const GoldenCase& c, const StepFn& step, double min_cosine,
+struct GoldenOptions {
+  double min_cosine = 0.9999;
+  // Compare the chosen experts as sets (a kernel may list equal-logit
+  // experts in another order; the sum they feed is the same).
+  bool experts_as_set = false;
+  // Feed every step from the golden file's own previous outputs instead of
+  // from the step function's: each step then starts from an identical state,
+  // which is how the spec validates a kernel (its own drift cannot flip a
+  // near-tie in a later step).
+  bool refeed = false;
+};
+
+bool check_golden_case(const GoldenFile& g, const GoldenCase& c, const StepFn& step, const GoldenOptions& opts,
                        std::vector<GoldenCheck>* checks, std::string* err);
 
 // $KTUNE_GOLDEN_DIR, else the shared/golden folder beside the checkout;

@@ -1,0 +1,503 @@
+// The "cuda" runner backend: the task's weights resident in device memory
+// for the runner's whole life (uploaded once), a variant's cubin loaded
+// through the driver's module API, its launch table launched once per
+// step, timed with device events, launches counted by CUPTI. A sticky GPU
+// error (illegal address, illegal instruction, ...) is reported as a fault:
+// the runner exits and its client starts a fresh one.
+//
+// Built only with the CUDA toolkit; links the static CUDA runtime and finds
+// the driver at run time, so the runner starts (and says so) on a machine
+// without a GPU.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "base/fs.h"
+#include "kernels/kimi/templates.h"
+#include "measure/cupti_counter.h"
+#include "measure/device_args.h"
+#include "measure/loaded_variant.h"
+#include "measure/runner_backend.h"
+
+namespace ktune::measure {
+
+namespace {
+
+// The driver entry points the backend uses, resolved through the runtime
+// (no link-time dependency on libcuda).
+struct Driver {
+  decltype(&cuModuleLoad) ModuleLoad = nullptr;
+  decltype(&cuModuleUnload) ModuleUnload = nullptr;
+  decltype(&cuModuleGetFunction) ModuleGetFunction = nullptr;
+  decltype(&cuModuleGetGlobal) ModuleGetGlobal = nullptr;
+  decltype(&cuFuncSetAttribute) FuncSetAttribute = nullptr;
+  decltype(&cuFuncGetAttribute) FuncGetAttribute = nullptr;
+  decltype(&cuOccupancyMaxActiveBlocksPerMultiprocessor) Occupancy = nullptr;
+  decltype(&cuLaunchKernel) LaunchKernel = nullptr;
+  decltype(&cuLaunchCooperativeKernel) LaunchCooperativeKernel = nullptr;
+  decltype(&cuGetErrorString) GetErrorString = nullptr;
+
+  bool load(std::string* err) {
+    auto get = [&](const char* name, auto* fn) {
+      cudaDriverEntryPointQueryResult q;
+      void* p = nullptr;
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess || !p) {
+        *err = std::string("CUDA driver entry point ") + name + " not found";
+        return false;
+      }
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
+      return true;
+    };
+    return get("cuModuleLoad", &ModuleLoad) && get("cuModuleUnload", &ModuleUnload) &&
+           get("cuModuleGetFunction", &ModuleGetFunction) && get("cuModuleGetGlobal", &ModuleGetGlobal) &&
+           get("cuFuncSetAttribute", &FuncSetAttribute) && get("cuFuncGetAttribute", &FuncGetAttribute) &&
+           get("cuOccupancyMaxActiveBlocksPerMultiprocessor", &Occupancy) && get("cuLaunchKernel", &LaunchKernel) &&
+           get("cuLaunchCooperativeKernel", &LaunchCooperativeKernel) && get("cuGetErrorString", &GetErrorString);
+  }
+  std::string message(CUresult r) const {
+    const char* s = nullptr;
+    if (GetErrorString) GetErrorString(r, &s);
+    return std::string(s ? s : "unknown CUDA driver error") + " (" + std::to_string(int(r)) + ")";
+  }
+};
+
+// Errors after which the context is unusable: the variant faulted.
+bool is_sticky(int code) {
+  switch (code) {
+    case 700: case 702: case 710: case 714: case 715: case 716: case 717: case 718: case 719: case 720:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string rt_message(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+constexpr uint8_t kPoisonByte = 0xff;  // bf16 0xffff is a NaN
+
+class CudaBackend : public RunnerBackend {
+ public:
+  explicit CudaBackend(const kimi::KimiConfig& cfg) : cfg_(cfg) {}
+  ~CudaBackend() override {
+    if (module_) drv_.ModuleUnload(module_);
+  }
+
+  bool start(std::string* err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      *err = "no CUDA device: " + (e != cudaSuccess ? rt_message(e) : std::string("none found"));
+      return false;
+    }
+    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaFree(nullptr)) != cudaSuccess) {
+      *err = "cannot initialize the GPU: " + rt_message(e);
+      return false;
+    }
+    if (!drv_.load(err)) return false;
+    cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, 0);
+    cudaEventCreate(&ev0_);
+    cudaEventCreate(&ev1_);
+    return true;
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  json facts() override {
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    auto attr = [](cudaDeviceAttr a) {
+      int v = 0;
+      cudaDeviceGetAttribute(&v, a, 0);
+      return v;
+    };
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return {{"backend", "cuda"},
+            {"device", p.name},
+            {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)},
+            {"sms", sms_},
+            {"l2_bytes", attr(cudaDevAttrL2CacheSize)},
+            {"smem_per_block_optin", attr(cudaDevAttrMaxSharedMemoryPerBlockOptin)},
+            {"smem_per_sm", attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor)},
+            {"regs_per_sm", attr(cudaDevAttrMaxRegistersPerMultiprocessor)},
+            {"sm_clock_khz", attr(cudaDevAttrClockRate)},
+            {"mem_clock_khz", attr(cudaDevAttrMemoryClockRate)},
+            {"mem_bus_bits", attr(cudaDevAttrGlobalMemoryBusWidth)},
+            {"memory_bytes", double(total_b)},
+            {"driver_version", drv},
+            {"runtime_version", rt},
+            {"cupti", cupti_.available() ? "yes" : cupti_.unavailable_reason()}};
+  }
+
+  bool init(const kimi::KimiWeights& w, int capacity, std::string* err) override {
+    capacity_ = capacity;
+    // All tensors lie in one mapped file: upload the span that holds them
+    // in one copy and translate the pointers.
+    const uint8_t* lo = nullptr;
+    const uint8_t* hi = nullptr;
+    for (auto& [name, t] : w.file.tensors) {
+      if (!lo || t.data < lo) lo = t.data;
+      if (!hi || t.data + t.nbytes > hi) hi = t.data + t.nbytes;
+    }
+    size_t span = size_t(hi - lo);
+    if (!check(cudaMalloc(&weights_, span), "allocating " + std::to_string(span >> 20) + " MiB of weights", err) ||
+        !check(cudaMemcpy(weights_, lo, span, cudaMemcpyHostToDevice), "uploading the weights", err))
+      return false;
+    weight_bytes_ = span;
+    KimiDeviceArgs host{};
+    if (!bind_weights(w, &host, err)) return false;
+    auto dev = [&](auto* p) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+      return p ? reinterpret_cast<const T*>(static_cast<uint8_t*>(weights_) + (reinterpret_cast<const uint8_t*>(p) - lo))
+               : nullptr;
+    };
+    auto w4 = [&](const KtW4& q) { return KtW4{dev(q.w_q), dev(q.scales), dev(q.zeros)}; };
+    args_ = KimiDeviceArgs{};
+    for (int i = 0; i < cfg_.layers(); ++i) {
+      const KtLayer& h = host.layers[i];
+      KtLayer& d = args_.layers[i];
+      d.attn_norm = dev(h.attn_norm);
+      d.moe_norm = dev(h.moe_norm);
+      if (cfg_.is_kda(i)) {
+        d.kda.q = w4(h.kda.q);
+        d.kda.k = w4(h.kda.k);
+        d.kda.v = w4(h.kda.v);
+        d.kda.g = w4(h.kda.g);
+        d.kda.o = w4(h.kda.o);
+        d.kda.beta = dev(h.kda.beta);
+        d.kda.conv_w = dev(h.kda.conv_w);
+        if (!alloc(&d.kda.S, size_t(cfg_.kda_heads) * cfg_.kda_head_dim * cfg_.kda_head_dim, err)) return false;
+        for (auto& win : d.kda.win)
+          if (!alloc(&win, size_t(3) * cfg_.kda_dim(), err)) return false;
+      } else {
+        d.mla.q = w4(h.mla.q);
+        d.mla.kv_a = w4(h.mla.kv_a);
+        d.mla.kv_b = w4(h.mla.kv_b);
+        d.mla.o = w4(h.mla.o);
+        if (!alloc(&d.mla.c_kv, size_t(capacity) * cfg_.kv_lora, err) ||
+            !alloc(&d.mla.k_rope, size_t(capacity) * cfg_.qk_rope, err))
+          return false;
+      }
+      const KtMoeLayer& m = h.moe;
+      d.moe.router = dev(m.router);
+      d.moe.gate = w4(m.gate);
+      d.moe.up = w4(m.up);
+      d.moe.down = w4(m.down);
+      d.moe.s_gate = w4(m.s_gate);
+      d.moe.s_up = w4(m.s_up);
+      d.moe.s_down = w4(m.s_down);
+    }
+    return alloc(&x_[0], cfg_.hidden, err) && alloc(&x_[1], cfg_.hidden, err) &&
+           alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err);
+  }
+
+  bool load(const std::string& artifact, std::string* err) override {
+    if (module_) {
+      drv_.ModuleUnload(module_);
+      module_ = nullptr;
+    }
+    functions_.clear();
+    launches_.clear();
+    CUresult r = drv_.ModuleLoad(&module_, artifact.c_str());
+    if (r != CUDA_SUCCESS) {
+      module_ = nullptr;
+      *err = "cannot load the cubin: " + drv_.message(r);
+      return false;
+    }
+    int abi = 0, n = 0;
+    long long scratch = 0;
+    std::vector<int> config(KT_CONFIG_FIELDS);
+    if (!read_global("ktune_abi_version", &abi, sizeof abi, err) ||
+        !read_global("ktune_config", config.data(), config.size() * sizeof(int), err) ||
+        !read_global("ktune_scratch_bytes", &scratch, sizeof scratch, err) ||
+        !read_global("ktune_num_launches", &n, sizeof n, err))
+      return false;
+    if (abi != KT_ABI_VERSION) {
+      *err = "variant ABI version " + std::to_string(abi) + ", runner speaks " + std::to_string(KT_ABI_VERSION);
+      return false;
+    }
+    if (!check_signature(config.data(), kimi::config_signature(cfg_), err)) return false;
+    if (n < 1 || n > KT_MAX_LAUNCHES) {
+      *err = "ktune_num_launches = " + std::to_string(n) + " is out of range";
+      return false;
+    }
+    launches_.resize(n);
+    if (!read_global("ktune_launches", launches_.data(), sizeof(KtLaunch) * n, err)) return false;
+    for (const KtLaunch& l : launches_) {
+      if (functions_.count(l.kernel)) continue;
+      CUfunction f;
+      std::string fname = "ktune_k" + std::to_string(l.kernel);
+      r = drv_.ModuleGetFunction(&f, module_, fname.c_str());
+      if (r != CUDA_SUCCESS) {
+        *err = "the launch table names " + fname + ", which the cubin lacks: " + drv_.message(r);
+        return false;
+      }
+      functions_[l.kernel] = f;
+    }
+    for (const KtLaunch& l : launches_)
+      if (l.smem > 48 * 1024) {
+        r = drv_.FuncSetAttribute(functions_[l.kernel], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.smem);
+        if (r != CUDA_SUCCESS) {
+          *err = "cannot give ktune_k" + std::to_string(l.kernel) + " " + std::to_string(l.smem) +
+                 " bytes of shared memory: " + drv_.message(r);
+          return false;
+        }
+      }
+    if (scratch_) cudaFree(scratch_);
+    scratch_ = nullptr;
+    if (scratch > 0 && (!check(cudaMalloc(&scratch_, size_t(scratch)), "allocating scratch", err) ||
+                        !check(cudaMemset(scratch_, 0, size_t(scratch)), "zeroing scratch", err)))
+      return false;
+    return true;
+  }
+
+  int declared_launches() const override { return int(launches_.size()); }
+
+  bool put_state(const kimi::KimiState& st, const std::vector<uint16_t>& token, std::string* err) override {
+    if (st.context + 1 > capacity_) {
+      *err = "context " + std::to_string(st.context) + " exceeds the runner's cache capacity";
+      return false;
+    }
+    for (int i = 0; i < cfg_.layers(); ++i) {
+      const kimi::LayerState& L = st.layers[i];
+      KtLayer& d = args_.layers[i];
+      if (cfg_.is_kda(i)) {
+        if (!put(d.kda.S, L.S, err) || !put(d.kda.win[0], L.cq, err) || !put(d.kda.win[1], L.ck, err) ||
+            !put(d.kda.win[2], L.cv, err))
+          return false;
+      } else {
+        size_t rows = size_t(st.context);
+        if (!check(cudaMemcpy(d.mla.c_kv, L.c_kv.data(), rows * cfg_.kv_lora * 2, cudaMemcpyHostToDevice), "cache",
+                   err) ||
+            !check(cudaMemcpy(d.mla.k_rope, L.k_rope.data(), rows * cfg_.qk_rope * 2, cudaMemcpyHostToDevice),
+                   "cache", err) ||
+            !check(cudaMemset(d.mla.c_kv + rows * cfg_.kv_lora, kPoisonByte, cfg_.kv_lora * 2), "poison", err) ||
+            !check(cudaMemset(d.mla.k_rope + rows * cfg_.qk_rope, kPoisonByte, cfg_.qk_rope * 2), "poison", err))
+          return false;
+      }
+    }
+    current_ = 0;
+    return put(x_[0], token, err) &&
+           check(cudaMemset(x_[1], kPoisonByte, size_t(cfg_.hidden) * 2), "poison", err) &&
+           check(cudaMemset(topk_, 0xff, size_t(cfg_.layers()) * cfg_.n_active * sizeof(int)), "poison", err);
+  }
+
+  StepStatus step(int context, bool count_launches) override {
+    StepStatus s;
+    if (!module_) return fail(s, "no variant loaded");
+    args_.x_in = x_[current_];
+    args_.x_out = x_[1 - current_];
+    args_.context = context;
+    args_.topk_out = topk_;
+    args_.scratch = static_cast<uint8_t*>(scratch_);
+    args_.trace = nullptr;
+    if (count_launches) cupti_.begin();
+    cudaEventRecord(ev0_);
+    for (const KtLaunch& l : launches_) {
+      CUfunction f = functions_[l.kernel];
+      int per_sm = 0;
+      CUresult r = drv_.Occupancy(&per_sm, f, l.block, size_t(l.smem));
+      if (r != CUDA_SUCCESS) return fail(s, "occupancy query failed: " + drv_.message(r), is_sticky(r));
+      int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? per_sm * sms_ : -l.grid * sms_);
+      if (l.cooperative && grid > per_sm * sms_)
+        return fail(s, "a cooperative grid of " + std::to_string(grid) + " blocks cannot be co-resident (" +
+                           std::to_string(per_sm) + " per SM x " + std::to_string(sms_) + " SMs)");
+      KtLaunchArgs la = l.args;
+      void* params[] = {&args_, &la};
+      r = l.cooperative ? drv_.LaunchCooperativeKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params)
+                        : drv_.LaunchKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params, nullptr);
+      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(l.kernel) + ": " + drv_.message(r), is_sticky(r));
+    }
+    cudaEventRecord(ev1_);
+    cudaError_t e = cudaEventSynchronize(ev1_);
+    if (e != cudaSuccess) return fail(s, "the step failed on the GPU: " + rt_message(e), is_sticky(e));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev0_, ev1_);
+    s.us = double(ms) * 1000.0;
+    if (count_launches) s.launches = cupti_.end(int(launches_.size()));
+    current_ = 1 - current_;
+    last_context_ = context;
+    return s;
+  }
+
+  bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override {
+    st->context = last_context_ + 1;
+    st->layers.resize(cfg_.layers());
+    out->topk.assign(cfg_.layers(), {});
+    out->ckv_row.assign(cfg_.layers(), {});
+    out->krope_row.assign(cfg_.layers(), {});
+    std::vector<int> topk(size_t(cfg_.layers()) * cfg_.n_active);
+    if (!get(&out->hidden, x_[current_], cfg_.hidden, err) || !get(&topk, topk_, topk.size(), err)) return false;
+    for (int i = 0; i < cfg_.layers(); ++i) {
+      kimi::LayerState& L = st->layers[i];
+      const KtLayer& d = args_.layers[i];
+      out->topk[i].assign(topk.begin() + size_t(i) * cfg_.n_active, topk.begin() + size_t(i + 1) * cfg_.n_active);
+      if (cfg_.is_kda(i)) {
+        size_t w = size_t(3) * cfg_.kda_dim();
+        if (!get(&L.S, d.kda.S, size_t(cfg_.kda_heads) * cfg_.kda_head_dim * cfg_.kda_head_dim, err) ||
+            !get(&L.cq, d.kda.win[0], w, err) || !get(&L.ck, d.kda.win[1], w, err) || !get(&L.cv, d.kda.win[2], w, err))
+          return false;
+      } else {
+        if (!get(&out->ckv_row[i], d.mla.c_kv + size_t(last_context_) * cfg_.kv_lora, cfg_.kv_lora, err) ||
+            !get(&out->krope_row[i], d.mla.k_rope + size_t(last_context_) * cfg_.qk_rope, cfg_.qk_rope, err))
+          return false;
+      }
+    }
+    return true;
+  }
+
+  json probe(std::string* err) override;
+
+ private:
+  static StepStatus fail(StepStatus& s, const std::string& msg, bool fault = false) {
+    s.ok = false;
+    s.fault = fault;
+    s.error = msg;
+    return s;
+  }
+  static bool check(cudaError_t e, const std::string& what, std::string* err) {
+    if (e == cudaSuccess) return true;
+    *err = what + ": " + rt_message(e);
+    return false;
+  }
+  template <class T>
+  bool alloc(T** p, size_t n, std::string* err) {
+    void* v = nullptr;
+    if (!check(cudaMalloc(&v, n * sizeof(T)), "allocating device memory", err)) return false;
+    *p = static_cast<T*>(v);
+    return true;
+  }
+  template <class T>
+  bool put(T* dst, const std::vector<T>& src, std::string* err) {
+    return check(cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice), "upload", err);
+  }
+  template <class T>
+  bool get(std::vector<T>* dst, const T* src, size_t n, std::string* err) {
+    dst->resize(n);
+    return check(cudaMemcpy(dst->data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), "download", err);
+  }
+  bool read_global(const char* name, void* out, size_t bytes, std::string* err) {
+    CUdeviceptr p;
+    size_t size = 0;
+    CUresult r = drv_.ModuleGetGlobal(&p, &size, module_, name);
+    if (r != CUDA_SUCCESS || size < bytes) {
+      *err = std::string("the cubin does not export ") + name + (r != CUDA_SUCCESS ? ": " + drv_.message(r) : "");
+      return false;
+    }
+    return check(cudaMemcpy(out, reinterpret_cast<void*>(p), bytes, cudaMemcpyDeviceToHost), name, err);
+  }
+
+  const kimi::KimiConfig cfg_;
+  Driver drv_;
+  CuptiCounter cupti_;
+  int sms_ = 0, capacity_ = 0, current_ = 0, last_context_ = 0;
+  void* weights_ = nullptr;
+  size_t weight_bytes_ = 0;
+  void* scratch_ = nullptr;
+  uint16_t* x_[2] = {nullptr, nullptr};
+  int* topk_ = nullptr;
+  KimiDeviceArgs args_{};
+  CUmodule module_ = nullptr;
+  std::map<int, CUfunction> functions_;
+  std::vector<KtLaunch> launches_;
+  cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
+};
+
+// Probes: device-to-device copy bandwidth (cudaMemcpy), and, from the
+// probe kernels built beside the runner, launch cost, grid-barrier cost and
+// the streaming read rate of 16-byte loads.
+json CudaBackend::probe(std::string* err) {
+  json out = json::array();
+  const size_t n = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  if (!check(cudaMalloc(&a, n), "probe buffer", err) || !check(cudaMalloc(&b, n), "probe buffer", err)) return out;
+  cudaMemset(a, 1, n);
+  cudaMemset(b, 2, n);
+  float best = 1e30f;
+  for (int rep = 0; rep < 6; ++rep) {
+    cudaEventRecord(ev0_);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(ev1_);
+    cudaEventSynchronize(ev1_);
+    float ms;
+    cudaEventElapsedTime(&ms, ev0_, ev1_);
+    if (rep > 0) best = std::min(best, ms);
+  }
+  out.push_back({{"name", "d2d_bandwidth"}, {"value", 2.0 * n / (best * 1e-3) / 1e9}, {"unit", "GB/s"},
+                 {"detail", "cudaMemcpy device to device of 1 GiB, read + write bytes, best of 5 after a warm-up"}});
+  std::string cubin = join_path(self_dir(), "ktune_probes.cubin");
+  CUmodule mod = nullptr;
+  if (!file_exists(cubin) || drv_.ModuleLoad(&mod, cubin.c_str()) != CUDA_SUCCESS) {
+    out.push_back({{"name", "probe_kernels"}, {"value", 0}, {"unit", ""}, {"detail", "not found: " + cubin}});
+    cudaFree(a);
+    cudaFree(b);
+    return out;
+  }
+  CUfunction empty, barrier, stream;
+  drv_.ModuleGetFunction(&empty, mod, "ktune_probe_empty");
+  drv_.ModuleGetFunction(&barrier, mod, "ktune_probe_barrier");
+  drv_.ModuleGetFunction(&stream, mod, "ktune_probe_stream");
+  auto timed = [&](auto launch, int reps) {
+    launch();
+    cudaDeviceSynchronize();
+    cudaEventRecord(ev0_);
+    for (int i = 0; i < reps; ++i) launch();
+    cudaEventRecord(ev1_);
+    cudaEventSynchronize(ev1_);
+    float ms;
+    cudaEventElapsedTime(&ms, ev0_, ev1_);
+    return double(ms) * 1000.0 / reps;  // us per launch
+  };
+  const int reps = 2000;
+  double launch_us = timed([&] { drv_.LaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr); }, reps);
+  out.push_back({{"name", "launch_cost"}, {"value", launch_us}, {"unit", "us"},
+                 {"detail", "empty kernel, back-to-back launches on one stream"}});
+  int per_sm = 0;
+  drv_.Occupancy(&per_sm, barrier, 256, 0);
+  cudaMemset(b, 0, 64);  // the barrier's counter and generation start at zero
+  for (int blocks_per_sm : {1, 2}) {
+    if (blocks_per_sm > per_sm) break;
+    int grid = blocks_per_sm * sms_;
+    int iters = 1000;
+    void* p[] = {&b, &iters};
+    double with = timed([&] { drv_.LaunchCooperativeKernel(barrier, grid, 1, 1, 256, 1, 1, 0, nullptr, p); }, 20);
+    int zero = 0;
+    void* p0[] = {&b, &zero};
+    double without = timed([&] { drv_.LaunchCooperativeKernel(barrier, grid, 1, 1, 256, 1, 1, 0, nullptr, p0); }, 20);
+    out.push_back({{"name", "grid_barrier_cost_" + std::to_string(grid)}, {"value", (with - without) / iters},
+                   {"unit", "us"},
+                   {"detail", "atomic grid barrier across " + std::to_string(grid) + " blocks of 256 threads"}});
+  }
+  int sgrid = 0;
+  drv_.Occupancy(&sgrid, stream, 512, 0);
+  sgrid *= sms_;
+  unsigned long long words = n / 16;
+  void* sp[] = {&a, &words, &b};
+  double us = timed([&] { drv_.LaunchKernel(stream, sgrid, 1, 1, 512, 1, 1, 0, nullptr, sp, nullptr); }, 10);
+  out.push_back({{"name", "stream_read_bandwidth"}, {"value", double(n) / (us * 1e-6) / 1e9}, {"unit", "GB/s"},
+                 {"detail", "1 GiB read with 16-byte loads by a full grid (read bytes only)"}});
+  drv_.ModuleUnload(mod);
+  cudaFree(a);
+  cudaFree(b);
+  cudaDeviceSynchronize();
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<RunnerBackend> make_cuda_backend(const kimi::KimiConfig& cfg, std::string* err) {
+  auto b = std::make_unique<CudaBackend>(cfg);
+  if (!b->start(err)) return nullptr;
+  return b;
+}
+
+}  // namespace ktune::measure

@@ -1,0 +1,64 @@
+// Backends whose device memory is host memory (see backend_hostmem.cc).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "measure/host_runtime.h"
+#include "measure/loaded_variant.h"
+#include "measure/runner_backend.h"
+
+namespace ktune::measure {
+
+class HostMemoryBackend : public RunnerBackend {
+ public:
+  explicit HostMemoryBackend(const kimi::KimiConfig& cfg);
+  bool init(const kimi::KimiWeights& w, int capacity, std::string* err) override;
+  bool load(const std::string& artifact, std::string* err) override;
+  int declared_launches() const override { return -1; }
+  bool put_state(const kimi::KimiState& st, const std::vector<uint16_t>& token, std::string* err) override;
+  StepStatus step(int context, bool count_launches) override;
+  bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override;
+
+ protected:
+  virtual bool accepts(const LoadedVariant& v, std::string* err) = 0;
+  virtual StepStatus run_step(bool count_launches) = 0;
+
+  const kimi::KimiConfig cfg_;
+  int capacity_ = 0;
+  KimiDeviceArgs args_{};
+  kimi::KimiState state_;
+  std::vector<uint16_t> x_[2];
+  int current_ = 0, last_context_ = 0;
+  std::vector<int> topk_;
+  std::vector<uint8_t> scratch_;
+  std::unique_ptr<LoadedVariant> variant_;
+};
+
+class HostBackend : public HostMemoryBackend {
+ public:
+  explicit HostBackend(const kimi::KimiConfig& cfg);
+  std::string name() const override { return "host"; }
+  json facts() override;
+  json probe(std::string* err) override;
+
+ private:
+  bool accepts(const LoadedVariant& v, std::string* err) override;
+  StepStatus run_step(bool count_launches) override;
+  HostRuntime runtime_;
+};
+
+class EmuBackend : public HostMemoryBackend {
+ public:
+  using HostMemoryBackend::HostMemoryBackend;
+  std::string name() const override { return "cuda-emu"; }
+  json facts() override;
+  json probe(std::string* err) override;
+  int declared_launches() const override;
+
+ private:
+  int sms() const;
+  bool accepts(const LoadedVariant& v, std::string* err) override;
+  StepStatus run_step(bool count_launches) override;
+};
+
+}  // namespace ktune::measure

@@ -1,0 +1,31 @@
+#include "measure/oracle_pool.h"
+
+namespace ktune::measure {
+
+OraclePool::~OraclePool() {
+  for (auto& [key, f] : cases_) f.wait();
+}
+
+void OraclePool::prefetch(int seed, int context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(seed, context);
+  if (cases_.count(key)) return;
+  cases_[key] = std::async(std::launch::async, [this, seed, context] {
+                  return compute_oracle_case(w_, seed, context);
+                }).share();
+}
+
+OracleCase OraclePool::take(int seed, int context) {
+  prefetch(seed, context);
+  std::shared_future<OracleCase> f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    f = cases_[{seed, context}];
+  }
+  OracleCase c = f.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  cases_.erase({seed, context});
+  return c;
+}
+
+}  // namespace ktune::measure

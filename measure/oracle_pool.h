@@ -1,0 +1,29 @@
+// OraclePool: oracle answers computed ahead, in background threads, so the
+// device never waits for the CPU: while one attempt is measured, the next
+// attempt's fresh validation cases are already being computed.
+#pragma once
+#include <future>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "measure/validate.h"
+
+namespace ktune::measure {
+
+class OraclePool {
+ public:
+  explicit OraclePool(const kimi::KimiWeights& w) : w_(w) {}
+  ~OraclePool();
+  // Starts computing the case if it is not already known.
+  void prefetch(int seed, int context);
+  // The case (waits for it); it is then forgotten.
+  OracleCase take(int seed, int context);
+
+ private:
+  const kimi::KimiWeights& w_;
+  std::mutex mu_;
+  std::map<std::pair<int, int>, std::shared_future<OracleCase>> cases_;
+};
+
+}  // namespace ktune::measure

@@ -1,0 +1,202 @@
+#include "measure/runner.h"
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "base/fs.h"
+#include "base/tensor.h"
+#include "measure/backend_hostmem.h"
+#include "measure/runner_backend.h"
+
+namespace ktune::measure {
+
+std::unique_ptr<RunnerBackend> make_cuda_backend(const kimi::KimiConfig& cfg, std::string* err);
+
+std::unique_ptr<RunnerBackend> make_backend(const std::string& name, const kimi::KimiConfig& cfg, std::string* err) {
+  if (name == "host") return std::make_unique<HostBackend>(cfg);
+  if (name == "cuda-emu") return std::make_unique<EmuBackend>(cfg);
+  if (name == "cuda") {
+#ifdef KTUNE_HAVE_CUDA
+    return make_cuda_backend(cfg, err);
+#else
+    *err = "this ktune was built without the CUDA toolkit";
+    return nullptr;
+#endif
+  }
+  *err = "unknown backend '" + name + "' (expected host, cuda or cuda-emu)";
+  return nullptr;
+}
+
+namespace {
+
+json failure(const std::string& outcome, const std::string& error) {
+  return {{"ok", false}, {"outcome", outcome}, {"error", error}};
+}
+
+// One case's outputs as a safetensors file, for the client to compare.
+bool write_outputs(const std::string& path, const kimi::KimiConfig& cfg, const kimi::KimiState& st,
+                   const kimi::StepOutput& out, std::string* err) {
+  TensorFile f;
+  auto put = [&](const std::string& name, DType t, std::vector<int64_t> shape, const void* data) {
+    Tensor x = Tensor::make(t, std::move(shape));
+    std::memcpy(x.data, data, x.nbytes);
+    f.tensors.emplace(name, std::move(x));
+  };
+  put("hidden", DType::BF16, {cfg.hidden}, out.hidden.data());
+  std::vector<int32_t> topk;
+  for (auto& l : out.topk) topk.insert(topk.end(), l.begin(), l.end());
+  put("topk", DType::I32, {cfg.layers(), cfg.n_active}, topk.data());
+  for (int i = 0; i < cfg.layers(); ++i) {
+    std::string p = "L" + std::to_string(i) + ".";
+    const kimi::LayerState& L = st.layers[i];
+    if (cfg.is_kda(i)) {
+      put(p + "S", DType::F32, {cfg.kda_heads, cfg.kda_head_dim, cfg.kda_head_dim}, L.S.data());
+      put(p + "cq", DType::BF16, {3, cfg.kda_dim()}, L.cq.data());
+      put(p + "ck", DType::BF16, {3, cfg.kda_dim()}, L.ck.data());
+      put(p + "cv", DType::BF16, {3, cfg.kda_dim()}, L.cv.data());
+    } else {
+      put(p + "c_kv_row", DType::BF16, {cfg.kv_lora}, out.ckv_row[i].data());
+      put(p + "k_rope_row", DType::BF16, {cfg.qk_rope}, out.krope_row[i].data());
+    }
+  }
+  return write_safetensors(path, f, err);
+}
+
+struct Runner {
+  kimi::KimiConfig cfg;
+  kimi::KimiWeights weights;
+  std::unique_ptr<RunnerBackend> backend;
+  int capacity = 0;
+  bool loaded = false;
+
+  json validate(const json& req, bool* fatal) {
+    std::string out_dir = req.value("out_dir", std::string());
+    std::string err;
+    if (out_dir.empty() || !make_dirs(out_dir, &err)) return failure("launch_error", "bad out_dir: " + err);
+    json files = json::array(), step_us = json::array();
+    int launches = -1;
+    int index = 0;
+    for (const json& c : req.value("cases", json::array())) {
+      int seed = c.value("seed", 0), context = c.value("context", 0);
+      kimi::KimiState st = kimi::make_state(cfg, uint64_t(seed), context, capacity);
+      std::vector<uint16_t> token = kimi::make_token(cfg, uint64_t(seed));
+      if (!backend->put_state(st, token, &err)) return failure("launch_error", err);
+      StepStatus s = backend->step(context, true);
+      if (!s.ok) {
+        *fatal = s.fault;
+        return failure(s.fault ? "device_fault" : "launch_error", s.error);
+      }
+      launches = std::max(launches, s.launches);
+      step_us.push_back(s.us);
+      kimi::StepOutput out;
+      if (!backend->get_state(&st, &out, &err)) return failure("launch_error", err);
+      std::string path = join_path(out_dir, "case" + std::to_string(index++) + ".safetensors");
+      if (!write_outputs(path, cfg, st, out, &err)) return failure("launch_error", err);
+      files.push_back(path);
+    }
+    return {{"ok", true}, {"files", files}, {"launches_per_step", launches}, {"step_us", step_us},
+            {"declared_launches", backend->declared_launches()}};
+  }
+
+  json time(const json& req, bool* fatal) {
+    int warmup = req.value("warmup", 3), samples = req.value("samples", 50);
+    uint64_t seed = req.value("seed", 1234567);
+    json timings = json::array();
+    std::string err;
+    for (const json& ctx : req.value("contexts", json::array())) {
+      int context = ctx.at(0), steps = std::max(1, ctx.at(1).get<int>());
+      kimi::KimiState st = kimi::make_state(cfg, seed, context, capacity);
+      if (!backend->put_state(st, kimi::make_token(cfg, seed), &err)) return failure("launch_error", err);
+      json us = json::array();
+      // The decode of `steps` tokens from `context`, repeated: the cache
+      // grows by a row each step and starts over after `steps`.
+      for (int i = 0; i < warmup + samples; ++i) {
+        StepStatus s = backend->step(context + i % steps, false);
+        if (!s.ok) {
+          *fatal = s.fault;
+          return failure(s.fault ? "device_fault" : "launch_error", s.error);
+        }
+        if (i >= warmup) us.push_back(s.us);
+      }
+      timings.push_back({{"context", context}, {"steps", steps}, {"warmup", warmup}, {"samples_us", us}});
+    }
+    return {{"ok", true}, {"timings", timings}};
+  }
+
+  // Returns the reply; sets *fatal when the runner must exit after it.
+  json handle(const json& req, bool* fatal) {
+    std::string op = req.value("op", std::string());
+    std::string err;
+    if (op == "hello") return {{"ok", true}, {"facts", backend->facts()}, {"config", cfg.name}};
+    if (op == "probe") {
+      json p = backend->probe(&err);
+      if (!err.empty()) return failure("launch_error", err);
+      return {{"ok", true}, {"probes", p}};
+    }
+    if (op == "load") {
+      loaded = backend->load(req.value("artifact", std::string()), &err);
+      if (!loaded) return failure("launch_error", err);
+      return {{"ok", true}, {"declared_launches", backend->declared_launches()}};
+    }
+    if (op == "validate" || op == "time") {
+      if (!loaded) return failure("launch_error", "no variant loaded");
+      return op == "validate" ? validate(req, fatal) : time(req, fatal);
+    }
+    return failure("launch_error", "unknown op '" + op + "'");
+  }
+};
+
+void reply(const json& j) {
+  std::string line = j.dump();
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int runner_main(int argc, char** argv) {
+  std::string backend_name = "host", size = "small", weights_file;
+  uint64_t weights_seed = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--backend") backend_name = v;
+    else if (k == "--size") size = v;
+    else if (k == "--weights-seed") weights_seed = std::stoull(v);
+    else if (k == "--weights-file") weights_file = v;
+  }
+  Runner r;
+  std::string err;
+  bool ok = weights_file.empty() ? kimi::KimiConfig::preset(size, &r.cfg, &err) &&
+                                       kimi::load_weights(r.cfg, weights_seed, &r.weights, &err)
+                                 : kimi::load_weights_file(weights_file, &r.weights, &err);
+  if (ok) {
+    r.cfg = r.weights.cfg;
+    r.capacity = r.cfg.max_context() + 8;
+    r.backend = make_backend(backend_name, r.cfg, &err);
+    ok = r.backend && r.backend->init(r.weights, r.capacity, &err);
+  }
+  if (!ok) {
+    // Every request gets the same answer, so the client reads why.
+    std::string line;
+    while (std::getline(std::cin, line)) reply(failure("launch_error", "runner cannot start: " + err));
+    std::fprintf(stderr, "ktune-runner: %s\n", err.c_str());
+    return 2;
+  }
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    json req = json::parse(line, nullptr, false);
+    if (req.is_discarded() || !req.is_object()) {
+      reply(failure("launch_error", "request is not a JSON object"));
+      continue;
+    }
+    if (req.value("op", "") == "quit") break;
+    bool fatal = false;
+    reply(r.handle(req, &fatal));
+    if (fatal) return 3;
+  }
+  return 0;
+}
+
+}  // namespace ktune::measure

@@ -1,0 +1,25 @@
+// The trusted runner's request loop. `ktune-runner` loads the task's
+// weights once, makes them resident on its backend, then answers one JSON
+// request per line on stdin with one JSON reply per line on stdout:
+//
+//   {"op":"hello"}                      -> {"ok":true,"facts":{...}}
+//   {"op":"probe"}                      -> {"ok":true,"probes":[{name,value,unit,detail}]}
+//   {"op":"load","artifact":PATH}       -> {"ok":true,"declared_launches":N}
+//   {"op":"validate","cases":[{"seed":S,"context":L}],"out_dir":DIR}
+//        -> {"ok":true,"files":[...],"launches_per_step":N,"step_us":[...]}
+//           (each file: safetensors with hidden, L{i}.S/cq/ck/cv, L{i}.c_kv_row/k_rope_row, topk)
+//   {"op":"time","contexts":[[L,steps],...],"warmup":W,"samples":N,"seed":S}
+//        -> {"ok":true,"timings":[{"context":L,"steps":s,"warmup":W,"samples_us":[...]}]}
+//   {"op":"quit"}
+//
+// A failure is {"ok":false,"outcome":"launch_error"|"device_fault","error":TEXT}.
+// After a device fault the runner exits (status 3): the device is unusable
+// and the client starts a new runner. Comparing outputs with the oracle is
+// the client's job, so a variant cannot fake validation.
+#pragma once
+
+namespace ktune::measure {
+
+int runner_main(int argc, char** argv);
+
+}  // namespace ktune::measure
