@@ -191,7 +191,7 @@ StepStatus EmuBackend::run_step(bool) {
   for (const KtLaunch& l : variant_->launches()) {
     int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? sms() : -l.grid * sms());
     char msg[512] = {0};
-    if (!variant_->emu_launch()(l.kernel, grid, l.block, l.smem, &args_, &l.args, msg, sizeof msg)) {
+    if (!variant_->emu_launch()(l.kernel, grid, l.block, l.smem, l.cooperative, &args_, &l.args, msg, sizeof msg)) {
       s.ok = false;
       s.error = msg;
       return s;

@@ -12,8 +12,8 @@
 
 namespace ktune::measure {
 
-typedef int (*KtEmuLaunchFn)(int kernel, int grid, int block, int smem, const void* args, const void* launch_args,
-                             char* err, int errlen);
+typedef int (*KtEmuLaunchFn)(int kernel, int grid, int block, int smem, int cooperative, const void* args,
+                             const void* launch_args, char* err, int errlen);
 
 class LoadedVariant {
  public:

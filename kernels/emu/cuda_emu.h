@@ -82,7 +82,7 @@ using KernelFn = void (*)(const void* args, const void* launch_args);
 
 struct Fiber {
   void* sp = nullptr;
-  char* stack = nullptr;
+  char* stack = nullptr;  // a slice of the launch's stack pool
   unsigned block = 0, thread = 0;
   bool done = false;
 };
@@ -111,7 +111,7 @@ struct Launch {
 
 inline Launch* g_launch = nullptr;
 inline Dim3 g_threadIdx, g_blockIdx, g_blockDim, g_gridDim;
-inline const size_t kStackBytes = 256 * 1024;
+inline const size_t kStackBytes = 128 * 1024;
 
 inline Fiber& self() { return g_launch->fibers[g_launch->current]; }
 inline void yield() { kt_emu_switch(&self().sp, g_launch->scheduler_sp); }
@@ -126,7 +126,7 @@ inline void fiber_entry() {
 // Sets up a fresh stack so that the first switch into it "returns" into
 // fiber_entry with the ABI's stack alignment.
 inline void prepare(Fiber& f) {
-  f.stack = static_cast<char*>(aligned_alloc(64, kStackBytes));
+  f.done = false;
   uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + kStackBytes) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                                     // fake return address slot: keeps rsp % 16 == 8 at entry
@@ -172,9 +172,24 @@ inline unsigned char (*warp_gather(const void* data, size_t bytes))[64] {
 }
 inline void warp_release() { warp_barrier(); }
 
-// Runs a kernel to completion. Returns false with a message for a launch
-// the hardware would refuse.
-inline bool launch(KernelFn fn, unsigned grid, unsigned block, size_t smem, const void* args,
+// Fiber stacks, kept from launch to launch (untouched pages cost nothing;
+// reallocating them for every launch would fault them in again).
+inline char* stack_pool(size_t bytes) {
+  static char* pool = nullptr;
+  static size_t size = 0;
+  if (bytes > size) {
+    free(pool);
+    pool = static_cast<char*>(aligned_alloc(4096, bytes));
+    size = bytes;
+  }
+  return pool;
+}
+
+// Runs a kernel to completion. A cooperative launch runs every block at
+// once (its blocks may wait for each other at grid barriers); otherwise
+// blocks run a few at a time, as an SM would, which keeps large grids cheap.
+// Returns false with a message for a launch the hardware would refuse.
+inline bool launch(KernelFn fn, unsigned grid, unsigned block, size_t smem, bool cooperative, const void* args,
                    const void* launch_args, char* err, size_t errlen) {
   if (block == 0 || block > 1024 || block % 32) {
     snprintf(err, errlen, "emulator: block size %u is not a multiple of 32 in 32..1024", block);
@@ -184,42 +199,44 @@ inline bool launch(KernelFn fn, unsigned grid, unsigned block, size_t smem, cons
     snprintf(err, errlen, "emulator: %zu bytes of shared memory exceed the 227 KB a block may have", smem);
     return false;
   }
-  Launch L;
-  L.fn = fn;
-  L.args = args;
-  L.launch_args = launch_args;
-  L.grid.x = grid;
-  L.block.x = block;
-  L.blocks.resize(grid);
-  for (auto& b : L.blocks) {
-    b.smem.assign(smem + 16, 0xA5);  // poisoned, as uninitialized shared memory would be
-    b.warps.resize(block / 32);
-  }
-  L.fibers.resize(size_t(grid) * block);
-  for (unsigned b = 0; b < grid; ++b)
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = L.fibers[size_t(b) * block + t];
-      f.block = b;
-      f.thread = t;
-      prepare(f);
-    }
+  const unsigned wave = cooperative ? grid : (grid < 4 ? grid : 4);
+  char* stacks = stack_pool(size_t(wave) * block * kStackBytes);
   Launch* outer = g_launch;
-  g_launch = &L;
-  g_gridDim.x = grid;
-  g_blockDim.x = block;
-  size_t remaining = L.fibers.size();
-  while (remaining) {
-    for (size_t i = 0; i < L.fibers.size(); ++i) {
-      Fiber& f = L.fibers[i];
-      if (f.done) continue;
-      L.current = i;
-      g_threadIdx.x = f.thread;
-      g_blockIdx.x = f.block;
-      kt_emu_switch(&L.scheduler_sp, f.sp);
-      if (f.done) {
-        --remaining;
-        free(f.stack);
-        f.stack = nullptr;
+  for (unsigned first = 0; first < grid; first += wave) {
+    const unsigned count = grid - first < wave ? grid - first : wave;
+    Launch L;
+    L.fn = fn;
+    L.args = args;
+    L.launch_args = launch_args;
+    L.grid.x = grid;
+    L.block.x = block;
+    L.blocks.resize(count);
+    for (auto& b : L.blocks) {
+      b.smem.assign(smem + 16, 0xA5);  // poisoned, as uninitialized shared memory would be
+      b.warps.resize(block / 32);
+    }
+    L.fibers.resize(size_t(count) * block);
+    for (unsigned b = 0; b < count; ++b)
+      for (unsigned t = 0; t < block; ++t) {
+        Fiber& f = L.fibers[size_t(b) * block + t];
+        f.block = b;
+        f.thread = t;
+        f.stack = stacks + (size_t(b) * block + t) * kStackBytes;
+        prepare(f);
+      }
+    g_launch = &L;
+    g_gridDim.x = grid;
+    g_blockDim.x = block;
+    size_t remaining = L.fibers.size();
+    while (remaining) {
+      for (size_t i = 0; i < L.fibers.size(); ++i) {
+        Fiber& f = L.fibers[i];
+        if (f.done) continue;
+        L.current = i;
+        g_threadIdx.x = f.thread;
+        g_blockIdx.x = first + f.block;
+        kt_emu_switch(&L.scheduler_sp, f.sp);
+        if (f.done) --remaining;
       }
     }
   }
@@ -307,12 +324,12 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
   },
 #define KT_KERNEL_TABLE_END                                                                       \
   };                                                                                              \
-  extern "C" int ktune_emu_launch(int kernel, int grid, int block, int smem, const void* args,    \
-                                  const void* launch_args, char* err, int errlen) {               \
+  extern "C" int ktune_emu_launch(int kernel, int grid, int block, int smem, int cooperative,     \
+                                  const void* args, const void* launch_args, char* err, int errlen) { \
     if (kernel < 0 || kernel >= int(sizeof kt_emu_kernel_table / sizeof kt_emu_kernel_table[0])) { \
       snprintf(err, size_t(errlen), "emulator: no kernel %d", kernel);                            \
       return 0;                                                                                   \
     }                                                                                             \
     return kt_emu::launch(kt_emu_kernel_table[kernel], unsigned(grid), unsigned(block),           \
-                          size_t(smem), args, launch_args, err, size_t(errlen));                  \
+                          size_t(smem), cooperative != 0, args, launch_args, err, size_t(errlen)); \
   }

@@ -32,7 +32,7 @@ struct ThreadArea {
 
 struct Scratch {
   uint16_t weight[kMaxMatrix];  // the current matrix, dequantized to bf16
-  float wkvb[R * KVB];          // kv_b dequantized to floats
+  float wkvb[R * KVB];          // kv_b dequantized to floats, in panels of 16 columns
   float x[D], xn[D], h[D], y[D];
   float raw[3][C], act[3][C], graw[C], decay[C], beta[KH], o[C > MO ? C : MO];
   float mla_q[QDIM], kv[KVA];
@@ -170,7 +170,7 @@ class Eager {
     launch([&](int t, int n) {
       int b, e;
       split_range(R, t, n, 2, &b, &e);
-      w4_dequant_rows(wb, b, e, s_.wkvb);
+      w4_dequant_panels(wb, b, e, s_.wkvb);
     });
     const int chunks = nt_;  // of cached rows, one per thread, each into its own softmax partials
     launch([&](int t, int n) {  // every cached row expanded through kv_b

@@ -73,7 +73,7 @@ struct SpinBarrier {
       return;
     }
     for (int spins = 0; generation.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins < 2000) {
+      if (spins < 256) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
@@ -136,7 +136,7 @@ struct Scratch {
   float act[3][C], decay[C], beta[KH], kda_o[C];  // KDA
   float mla_q[QDIM];                               // per head [nope | roped rope]
   float q_abs[kAbsorbed ? MH * R : 1];
-  float wkvb[kAbsorbed ? 1 : R * KVB];  // kv_b dequantized, for the exact form
+  float wkvb[kAbsorbed ? 1 : R * KVB];  // kv_b dequantized in panels, for the exact form
   float mla_o[MO];
   float part[kMaxChunks * MH * PART];  // attention partials [chunk][head][PART]
   float logits[E];
@@ -302,7 +302,7 @@ class Worker {
         }
       } else {
         const int r0 = (u - qt - at) * kRowsPerUnit;
-        w4_dequant_rows(wb, r0, r0 + kRowsPerUnit, s_.wkvb);
+        w4_dequant_panels(wb, r0, r0 + kRowsPerUnit, s_.wkvb);
       }
     });
     barrier();
