@@ -11,6 +11,26 @@ int KimiConfig::max_context() const {
   return m;
 }
 
+double KimiConfig::bytes_per_step(int context) const {
+  auto w4 = [&](double K, double N) { return K * N / 2 + 2 * 2 * (K / group) * N; };
+  double b = 2.0 * hidden * 2;  // token in, hidden out
+  for (int i = 0; i < layers(); ++i) {
+    b += 2.0 * hidden * 2;  // the two norm weights
+    if (is_kda(i)) {
+      b += 4 * w4(hidden, kda_dim()) + w4(kda_dim(), hidden);
+      b += 2.0 * kda_heads * hidden + 2.0 * 3 * kda_dim() * 4;               // beta_proj, conv_w
+      b += 2.0 * 4 * kda_heads * kda_head_dim * kda_head_dim;                 // S read + written
+      b += 2.0 * 2 * 3 * 3 * kda_dim();                                       // windows read + written
+    } else {
+      b += w4(hidden, mla_q_dim()) + w4(hidden, kv_a_dim()) + w4(kv_lora, kv_b_dim()) + w4(mla_o_dim(), hidden);
+      b += 2.0 * (double(context) + 1) * (kv_lora + qk_rope);                // cache read, new row written
+    }
+    b += 2.0 * n_experts * hidden;                                            // router
+    b += double(n_active + n_shared) * (2 * w4(hidden, moe_inter) + w4(moe_inter, hidden));
+  }
+  return b;
+}
+
 bool KimiConfig::check(std::string* err) const {
   auto fail = [&](const std::string& why) {
     *err = "config " + name + ": " + why;

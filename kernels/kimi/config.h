@@ -37,6 +37,13 @@ struct KimiConfig {
   // The longest context any step of a timed or validated run reaches.
   int max_context() const;
 
+  // The fewest bytes one decode step must move through device memory at a
+  // context: every weight it reads once (the routed and shared experts'
+  // only, with scales and zeros), the KDA state and conv windows read and
+  // written, the latent cache read and its new row written, and the hidden
+  // state in and out. The floor is this over the measured bandwidth.
+  double bytes_per_step(int context) const;
+
   // Checks the divisibility rules the formats and kernels rely on.
   bool check(std::string* err) const;
   json to_json() const;

@@ -1,0 +1,232 @@
+#include "agent/bench.h"
+
+#include <cstdio>
+#include <future>
+
+#include "agent/backend.h"
+#include "agent/evaluator.h"
+#include "base/clock.h"
+#include "base/fs.h"
+#include "base/sha256.h"
+#include "kernels/kimi/templates.h"
+#include "traces/store.h"
+
+namespace ktune::agent {
+
+namespace {
+
+// Everything a probe or bench run holds: config, weights, runner, oracle.
+struct Bench {
+  kimi::KimiConfig cfg;
+  BackendSpec spec;
+  kimi::KimiWeights weights;
+  measure::RunnerClient runner;
+  std::unique_ptr<measure::OraclePool> oracle;
+  std::string workdir;
+
+  bool start(const std::string& backend, const std::string& size, uint64_t weights_seed, const std::string& runner_path,
+             std::string* err) {
+    if (!kimi::KimiConfig::preset(size, &cfg, err) || !backend_spec(backend, &spec, err)) return false;
+    double t0 = mono_seconds();
+    bool generated = false;
+    if (!kimi::load_weights(cfg, weights_seed, &weights, err, &generated)) return false;
+    std::printf("weights: %s %.0f MB (%s in %.1f s)\n", size.c_str(), weights.total_bytes() / 1e6,
+                generated ? "generated" : "loaded", mono_seconds() - t0);
+    if (!make_temp_dir(join_path(cache_dir(), "work"), "bench-", &workdir, err)) return false;
+    measure::RunnerOptions ro;
+    ro.runner = runner_path.empty() ? join_path(self_dir(), "ktune-runner") : runner_path;
+    ro.backend = backend;
+    ro.size = size;
+    ro.weights_seed = weights_seed;
+    ro.workdir = join_path(workdir, "runner");
+    ro.log_path = join_path(workdir, "runner.log");
+    ro.memory_bytes = spec.runner_memory_bytes;
+    t0 = mono_seconds();
+    if (!runner.start(ro, err)) return false;
+    std::printf("runner: started in %.1f s on %s\n", mono_seconds() - t0, runner.facts().dump().c_str());
+    oracle = std::make_unique<measure::OraclePool>(weights);
+    return true;
+  }
+
+  // Probes, printed; returns the bandwidth the floor is computed from.
+  double probe(json* out) {
+    measure::RunnerReply r = runner.call({{"op", "probe"}}, 600);
+    if (!r.ok) {
+      std::printf("probe failed: %s\n", r.error.c_str());
+      return 0;
+    }
+    *out = r.body.value("probes", json::array());
+    double bw = 0;
+    std::printf("\n%-28s %12s  %s\n", "probe", "value", "detail");
+    for (const json& p : *out) {
+      std::string n = p.value("name", "");
+      if (n == "d2d_bandwidth" || n == "memory_bandwidth") bw = p.value("value", 0.0);
+      std::string d = p.contains("detail") ? (p["detail"].is_string() ? p["detail"].get<std::string>() : p["detail"].dump()) : "";
+      std::printf("%-28s %9.3f %-3s %s\n", n.c_str(), p.value("value", 0.0), p.value("unit", "").c_str(), d.c_str());
+    }
+    std::printf("\n%-10s %12s %12s\n", "context", "bytes (MB)", "floor (us)");
+    for (auto [ctx, steps] : cfg.timed_contexts)
+      std::printf("%-10d %12.1f %12.2f\n", ctx, cfg.bytes_per_step(ctx) / 1e6,
+                  bw > 0 ? cfg.bytes_per_step(ctx) / (bw * 1e9) * 1e6 : 0.0);
+    return bw;
+  }
+};
+
+struct Row {
+  std::string name;
+  Variant v;
+  Measurement m;
+  bool ok = false;
+};
+
+const json* timing_at(const Measurement& m, int ctx) {
+  for (const json& t : m.timings)
+    if (t.value("context", -1) == ctx) return &t;
+  return nullptr;
+}
+
+// The worst cosine per output over the validation cases.
+json worst_cosines(const Measurement& m) {
+  json w = json::object();
+  for (const auto& c : m.cases)
+    for (auto& [name, s] : c.metrics.items()) {
+      std::string kind = name.find('.') == std::string::npos ? name : name.substr(name.find('.') + 1);
+      double cos = s.value("cosine", 0.0);
+      if (!w.contains(kind) || cos < w[kind].get<double>()) w[kind] = cos;
+    }
+  return w;
+}
+
+}  // namespace
+
+int run_probe(const std::string& backend, const std::string& size, const std::string& runner) {
+  Bench b;
+  std::string err;
+  if (!b.start(backend, size, 0, runner, &err)) {
+    std::fprintf(stderr, "ktune probe: %s\n", err.c_str());
+    return 1;
+  }
+  json probes;
+  b.probe(&probes);
+  b.runner.stop();
+  return 0;
+}
+
+int run_bench(const BenchOptions& o) {
+  Bench b;
+  std::string err;
+  if (o.task != "kimi-linear") {
+    std::fprintf(stderr, "ktune bench: unknown task '%s'\n", o.task.c_str());
+    return 1;
+  }
+  if (!b.start(o.backend, o.size, o.weights_seed, o.runner, &err)) {
+    std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
+    return 1;
+  }
+  json probes;
+  double bw = b.probe(&probes);
+  if (o.samples > 0) b.spec.samples = o.samples;
+  if (o.warmup >= 0) b.spec.warmup = o.warmup;
+
+  // The variants: the baseline and the megakernel (default knobs, the given
+  // knobs, or a recorded variant's exact source).
+  std::vector<Row> rows;
+  const variants::Template* mega = kimi::megakernel_template(b.spec.templates);
+  if (o.with_baseline) {
+    Row r{"baseline"};
+    if (!render_variant(b.cfg, b.spec, *kimi::baseline_template(b.spec.templates), {}, "", &r.v, &err)) {
+      std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
+      return 1;
+    }
+    rows.push_back(r);
+  }
+  Row mk{"megakernel"};
+  if (!o.variant.empty()) {
+    traces::Store store;
+    traces::VariantRow vr;
+    if (!store.open(o.db, &err) || !store.variant(o.variant, &vr, &err)) {
+      std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
+      return 1;
+    }
+    mk.v.source = vr.source;
+    mk.v.id = sha256_hex(vr.source);
+    mk.v.template_name = vr.template_name;
+    mk.v.knobs = vr.knobs;
+    const variants::Template* t = kimi::find_template(vr.template_name);
+    mk.v.max_launches = t ? t->max_launches : 1;
+  } else if (!render_variant(b.cfg, b.spec, *mega, o.knobs, "", &mk.v, &err)) {
+    std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
+    return 1;
+  }
+  rows.push_back(mk);
+
+  sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  std::vector<std::future<sandbox::BuildResult>> builds;
+  for (Row& r : rows)
+    builds.push_back(std::async(std::launch::async, [&cache, &b, &r] { return cache.build(b.spec.build_request(r.v.source)); }));
+  measure::Gate gate;
+  Evaluator ev(b.weights, b.spec, b.runner, *b.oracle, join_path(b.workdir, "runner"), gate, b.spec.step_timeout_s);
+  std::vector<std::pair<int, int>> cases;
+  for (int s = 1; s <= o.seeds; ++s)
+    for (auto [ctx, steps] : b.cfg.timed_contexts) cases.push_back({1000 + s, ctx});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = rows[i];
+    sandbox::BuildResult br = builds[i].get();
+    std::printf("\n%s %s: build %s (%.1f s%s) %s\n", r.name.c_str(), r.v.id.substr(0, 12).c_str(),
+                br.ok ? "ok" : "FAILED", br.seconds, br.cached ? ", cached" : "", br.resources.dump().c_str());
+    if (!br.ok) {
+      std::printf("%s\n", br.log.substr(0, 4000).c_str());
+      continue;
+    }
+    r.ok = ev.load(br.artifact, &r.m) && ev.validate(cases, r.v.max_launches, &r.m) &&
+           ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m);
+    std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, time %.1f s\n",
+                r.m.outcome.c_str(), r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches,
+                r.m.declared_launches, r.m.validate_s, r.m.time_s);
+    std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_cosines(r.m).dump().c_str());
+    int mism = 0;
+    for (auto& c : r.m.cases) mism += !c.experts_match;
+    std::printf("  cases with other experts than the oracle: %d\n", mism);
+  }
+
+  // The table: one row per context, everything from this run.
+  json results = {{"probes", probes}, {"facts", b.runner.facts()}, {"bandwidth_gb_s", bw}, {"rows", json::array()},
+                  {"variants", json::array()}};
+  for (const Row& r : rows)
+    results["variants"].push_back({{"name", r.name}, {"id", r.v.id}, {"knobs", r.v.knobs}, {"outcome", r.m.outcome},
+                                   {"error", r.m.error}, {"launches_per_step", r.m.launches},
+                                   {"worst_cosine", worst_cosines(r.m)}, {"timings", r.m.timings}});
+  const Row* base = o.with_baseline ? &rows[0] : nullptr;
+  const Row& m = rows.back();
+  std::printf("\n%-8s %14s %14s %10s %9s %9s %14s\n", "context", "baseline us", "megakernel us", "floor us",
+              "speedup", "of floor", "launches b/m");
+  for (auto [ctx, steps] : b.cfg.timed_contexts) {
+    const json* bt = base && base->ok ? timing_at(base->m, ctx) : nullptr;
+    const json* mt = m.ok ? timing_at(m.m, ctx) : nullptr;
+    double bu = bt ? bt->value("median_us", 0.0) : 0, mu = mt ? mt->value("median_us", 0.0) : 0;
+    double floor = bw > 0 ? b.cfg.bytes_per_step(ctx) / (bw * 1e9) * 1e6 : 0;
+    std::printf("%-8d %14.1f %14.1f %10.1f %8.2fx %8.1f%% %7d/%d\n", ctx, bu, mu, floor, mu > 0 ? bu / mu : 0.0,
+                mu > 0 ? 100.0 * floor / mu : 0.0, base ? base->m.launches : -1, m.m.launches);
+    results["rows"].push_back({{"context", ctx}, {"steps", steps}, {"baseline_us", bu}, {"megakernel_us", mu},
+                               {"floor_us", floor}, {"speedup", mu > 0 ? bu / mu : 0.0},
+                               {"fraction_of_floor", mu > 0 ? floor / mu : 0.0},
+                               {"baseline_p10_p90", bt ? json{bt->value("p10_us", 0.0), bt->value("p90_us", 0.0)} : json()},
+                               {"megakernel_p10_p90", mt ? json{mt->value("p10_us", 0.0), mt->value("p90_us", 0.0)} : json()},
+                               {"launches_baseline", base ? base->m.launches : -1},
+                               {"launches_megakernel", m.m.launches}});
+  }
+  std::printf("(medians over %d samples per context after %d warm-up steps; floor = bytes per step / %.0f GB/s; "
+              "launches counted per step by %s)\n",
+              b.spec.samples, b.spec.warmup, bw,
+              b.spec.name == "cuda" ? ("CUPTI: " + b.runner.facts().value("cupti", std::string("?"))).c_str()
+                                    : "the runner");
+  if (!o.json_out.empty()) {
+    std::string e;
+    if (!write_file_atomic(o.json_out, results.dump(2), &e)) std::fprintf(stderr, "ktune bench: %s\n", e.c_str());
+  }
+  b.runner.stop();
+  bool all_ok = m.ok && (!base || base->ok);
+  return all_ok ? 0 : 2;
+}
+
+}  // namespace ktune::agent

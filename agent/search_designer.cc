@@ -1,0 +1,141 @@
+// The default designer: a seeded, reproducible search of the megakernel's
+// knob space that learns from the session's history.
+//  - The default knobs come first (the hand-tuned starting point).
+//  - Then, batch by batch: neighbours of the best variant (one knob moved
+//    one step), in an order shuffled by the seed, mixed with random points
+//    drawn per knob from values weighted by how they did so far.
+//  - A knob value whose every attempt failed (compile error, crash, wrong
+//    answer, ...) is not proposed again once it failed twice.
+//  - Points already measured, in this session or an earlier one on the same
+//    task, are never proposed.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "agent/designer.h"
+#include "base/rng.h"
+
+namespace ktune::agent {
+
+namespace {
+
+class SearchDesigner : public Designer {
+ public:
+  std::string name() const override { return "search"; }
+
+  bool propose(const DesignContext& ctx, int max, std::vector<Proposal>* out, std::string* err) override {
+    const variants::KnobSpace& space = ctx.megakernel->space;
+    Rng rng(ctx.seed ^ (0x5eedull * (ctx.history.size() + 1)));
+    std::set<std::string> taken = ctx.measured;
+    auto try_add = [&](const json& knobs, const std::string& why) {
+      std::string reason;
+      if (int(out->size()) >= max || !space.valid(knobs, &reason) || banned(space, knobs)) return;
+      std::string id = ctx.variant_id(knobs);
+      if (id.empty() || !taken.insert(id).second) return;
+      Proposal p;
+      p.knobs = knobs;
+      p.origin = "search";
+      p.rationale = why;
+      out->push_back(p);
+    };
+    learn(ctx);
+    try_add(space.defaults(), "the template's default knobs (the hand-tuned starting point)");
+    // Neighbours of the best megakernel variant.
+    json base = space.defaults();
+    if (ctx.best && ctx.best->template_name == ctx.megakernel->name && ctx.best->knobs.is_object())
+      base = space.complete(ctx.best->knobs);
+    std::vector<json> neighbours;
+    for (const auto& k : space.knobs) {
+      auto it = std::find(k.values.begin(), k.values.end(), base[k.name]);
+      if (it == k.values.end()) continue;
+      size_t i = size_t(it - k.values.begin());
+      for (int d : {-1, 1}) {
+        if ((d < 0 && i == 0) || i + d >= k.values.size()) continue;
+        json n = base;
+        n[k.name] = k.values[i + d];
+        neighbours.push_back(n);
+      }
+    }
+    for (size_t i = neighbours.size(); i > 1; --i) std::swap(neighbours[i - 1], neighbours[rng.below(i)]);
+    // Alternate: exploit (a neighbour) and explore (a weighted random point).
+    size_t ni = 0;
+    for (int tries = 0; int(out->size()) < max && tries < 64 * max; ++tries) {
+      bool explore = rng.unit() < 0.35 || ni >= neighbours.size();
+      if (!explore) {
+        json n = neighbours[ni++];
+        std::string moved;
+        for (auto& [k, v] : n.items())
+          if (v != base[k]) moved = k + " " + base[k].dump() + " -> " + v.dump();
+        try_add(n, "neighbour of the best: " + moved);
+      } else {
+        try_add(random_point(space, rng), "exploration: a random point weighted by what worked so far");
+      }
+    }
+    (void)err;
+    return true;
+  }
+
+ private:
+  // Per (knob, value): how many attempts failed and how many succeeded, and
+  // the mean log-speedup of the successful ones.
+  struct Stat {
+    int failed = 0, ok = 0;
+    double log_speedup = 0;
+  };
+  std::map<std::string, Stat> stats_;
+
+  static std::string key(const std::string& knob, const json& v) { return knob + "=" + v.dump(); }
+
+  void learn(const DesignContext& ctx) {
+    stats_.clear();
+    for (const AttemptView& a : ctx.history) {
+      if (a.template_name != ctx.megakernel->name || !a.knobs.is_object() || a.outcome.empty() ||
+          a.outcome == "interrupted")
+        continue;
+      for (auto& [k, v] : a.knobs.items()) {
+        Stat& s = stats_[key(k, v)];
+        if (a.outcome == "ok" && a.speedup > 0) {
+          s.log_speedup = (s.log_speedup * s.ok + std::log(a.speedup)) / (s.ok + 1);
+          ++s.ok;
+        } else if (a.outcome != "ok") {
+          ++s.failed;
+        }
+      }
+    }
+  }
+
+  bool banned(const variants::KnobSpace& space, const json& knobs) const {
+    for (const auto& k : space.knobs) {
+      auto it = stats_.find(key(k.name, knobs[k.name]));
+      if (it != stats_.end() && it->second.failed >= 2 && it->second.ok == 0) return true;
+    }
+    return false;
+  }
+
+  json random_point(const variants::KnobSpace& space, Rng& rng) const {
+    json p = json::object();
+    for (const auto& k : space.knobs) {
+      // Weight each value by exp(mean log-speedup), unseen values by 1.
+      std::vector<double> w;
+      double total = 0;
+      for (const json& v : k.values) {
+        auto it = stats_.find(key(k.name, v));
+        double wt = (it != stats_.end() && it->second.ok) ? std::exp(it->second.log_speedup) : 1.0;
+        if (it != stats_.end() && it->second.failed && !it->second.ok) wt *= 0.25;
+        w.push_back(wt);
+        total += wt;
+      }
+      double r = rng.unit() * total;
+      size_t i = 0;
+      while (i + 1 < w.size() && r >= w[i]) r -= w[i++];
+      p[k.name] = k.values[i];
+    }
+    return p;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Designer> make_search_designer() { return std::make_unique<SearchDesigner>(); }
+
+}  // namespace ktune::agent
