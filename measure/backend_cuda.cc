@@ -252,6 +252,25 @@ class CudaBackend : public RunnerBackend {
           return false;
         }
       }
+    // Grids are resolved now, so nothing but launches sits between the
+    // timing events of a step.
+    grids_.clear();
+    for (const KtLaunch& l : launches_) {
+      int per_sm = 0;
+      CUresult occ = drv_.Occupancy(&per_sm, functions_[l.kernel], l.block, size_t(l.smem));
+      if (occ != CUDA_SUCCESS) {
+        *err = "occupancy query failed: " + drv_.message(occ);
+        return false;
+      }
+      int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? per_sm * sms_ : -l.grid * sms_);
+      if (grid < 1 || (l.cooperative && grid > per_sm * sms_)) {
+        *err = "a " + std::string(l.cooperative ? "cooperative " : "") + "grid of " + std::to_string(grid) +
+               " blocks of " + std::to_string(l.block) + " threads cannot run (" + std::to_string(per_sm) +
+               " fit per SM x " + std::to_string(sms_) + " SMs)";
+        return false;
+      }
+      grids_.push_back(grid);
+    }
     if (scratch_) cudaFree(scratch_);
     scratch_ = nullptr;
     if (scratch > 0 && (!check(cudaMalloc(&scratch_, size_t(scratch)), "allocating scratch", err) ||
@@ -302,18 +321,13 @@ class CudaBackend : public RunnerBackend {
     args_.trace = nullptr;
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
-    for (const KtLaunch& l : launches_) {
+    for (size_t i = 0; i < launches_.size(); ++i) {
+      const KtLaunch& l = launches_[i];
       CUfunction f = functions_[l.kernel];
-      int per_sm = 0;
-      CUresult r = drv_.Occupancy(&per_sm, f, l.block, size_t(l.smem));
-      if (r != CUDA_SUCCESS) return fail(s, "occupancy query failed: " + drv_.message(r), is_sticky(r));
-      int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? per_sm * sms_ : -l.grid * sms_);
-      if (l.cooperative && grid > per_sm * sms_)
-        return fail(s, "a cooperative grid of " + std::to_string(grid) + " blocks cannot be co-resident (" +
-                           std::to_string(per_sm) + " per SM x " + std::to_string(sms_) + " SMs)");
+      const int grid = grids_[i];
       KtLaunchArgs la = l.args;
       void* params[] = {&args_, &la};
-      r = l.cooperative ? drv_.LaunchCooperativeKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params)
+      CUresult r = l.cooperative ? drv_.LaunchCooperativeKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params)
                         : drv_.LaunchKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params, nullptr);
       if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(l.kernel) + ": " + drv_.message(r), is_sticky(r));
     }
@@ -409,6 +423,7 @@ class CudaBackend : public RunnerBackend {
   CUmodule module_ = nullptr;
   std::map<int, CUfunction> functions_;
   std::vector<KtLaunch> launches_;
+  std::vector<int> grids_;  // resolved grid of each launch
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
 };
 

@@ -4,12 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
-#include <map>
 
 #include "base/fs.h"
 #include "kernels/kimi/golden.h"
 #include "kernels/kimi/templates.h"
 #include "measure/backend_hostmem.h"
+#include "measure/golden_check.h"
 #include "sandbox/build_cache.h"
 
 using namespace ktune;
@@ -51,41 +51,16 @@ void golden_through_emu(const std::string& file, const json& knobs, const std::s
   measure::EmuBackend be(g.weights.cfg);
   REQUIRE_MESSAGE(be.init(g.weights, 512, &err), err);
   REQUIRE_MESSAGE(be.load(so, &err), err);
-  std::vector<kimi::GoldenCheck> checks;
-  for (auto& c : g.cases) {
-    kimi::StepFn step = [&](kimi::KimiState* st, const std::vector<uint16_t>& tok, kimi::StepOutput* out,
-                            std::string* e) {
-      if (!be.put_state(*st, tok, e)) return false;
-      measure::StepStatus s = be.step(st->context, true);
-      if (!s.ok) {
-        *e = s.error;
-        return false;
-      }
-      if (tmpl == "kimi-mega-cuda") CHECK(s.launches == 1);
-      else CHECK(s.launches > 100);
-      return be.get_state(st, out, e);
-    };
-    kimi::GoldenOptions opts;
-    opts.min_cosine = 0.9999;
-    opts.experts_as_set = true;
-    opts.refeed = true;
-    REQUIRE_MESSAGE(kimi::check_golden_case(g, c, step, opts, &checks, &err), err);
-  }
-  std::map<std::string, double> worst;
-  int failed = 0;
-  for (auto& ch : checks) {
-    std::string kind = ch.name.substr(ch.name.rfind('.') + 1);
-    worst.try_emplace(kind, 1.0);
-    worst[kind] = std::min(worst[kind], ch.sim.cosine);
-    if (!ch.ok) {
-      ++failed;
-      if (failed < 20) std::printf("  FAIL %s cos=%.6f\n", ch.name.c_str(), ch.sim.cosine);
-    }
-  }
-  std::printf("emu %s %s %s:", tmpl.c_str(), file.c_str(), knobs.dump().c_str());
-  for (auto& [k, v] : worst) std::printf(" %s>=%.6f", k.c_str(), v);
-  std::printf("\n");
-  CHECK(failed == 0);
+  kimi::GoldenOptions opts;
+  opts.experts_as_set = true;
+  opts.refeed = true;
+  measure::GoldenSummary sum;
+  REQUIRE_MESSAGE(measure::check_golden_file(be, g, opts, &sum, &err), err);
+  std::printf("emu %s %s %s: %s\n", tmpl.c_str(), file.c_str(), knobs.dump().c_str(), sum.describe().c_str());
+  for (auto& f : sum.failures) std::printf("  FAIL %s\n", f.c_str());
+  CHECK(sum.failed == 0);
+  if (tmpl == "kimi-mega-cuda") CHECK(sum.launches == 1);
+  else CHECK(sum.launches > 100);
 }
 
 }  // namespace

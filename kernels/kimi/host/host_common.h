@@ -40,10 +40,12 @@ constexpr double kRopeTheta = KT_ROPE_THETA, kScaling = KT_SCALING;
 constexpr int kBlock = 16;  // the column block of every vectorized inner loop
 
 // A loop whose speed scales with the vector width (the exact MLA expansion,
-// a small dense GEMM: 5x faster with AVX-512 than with the x86-64 baseline
-// SSE2 a plain -O2 build targets) is compiled once per ISA level; the
-// dynamic loader picks the clone the CPU supports. Results are the same
-// bits in every clone: ISO C++ mode does not contract a * b + c into FMAs.
+// a small dense GEMM: 5x faster with AVX-512 than with the SSE2 that a
+// plain -O2 build targets) is compiled once per ISA level; the dynamic
+// loader picks the clone the CPU supports. The wider clones may fuse
+// multiply-adds, which moves the last bits of an fp32 sum, not a rounding
+// point. (The int4 GEMV gains nothing from it: its byte-to-float
+// conversions keep g++ at 128-bit vectors even with -march=native.)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX512F__)
 #define KTH_WIDE_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -211,29 +213,54 @@ inline void bf16_gemv_cols(const uint16_t* W, int K, int N, const float* x, int 
   }
 }
 
+// One step of the fused W4A16 GEMV: UNROLL row pairs (rows 2u, 2u + 1 of
+// q, x) times WIDTH consecutive columns, summed per column into acc.
+//   DEQUANT 0: `table` holds a 16-entry table of the exact weights per
+//              column; the weights are looked up (a gather: scalar code).
+//   DEQUANT 1: `scale`, `zero` hold the column parameters; each weight is
+//              (q - zero) * scale rounded to bf16 with integer ops: pure SIMD.
+// The UNROLL row pairs are summed per column before touching acc, so
+// larger values cut accumulator traffic and give more independent work.
+template <int WIDTH, int DEQUANT, int UNROLL>
+inline void w4_rows_block(const uint8_t* __restrict q, size_t stride, const float* __restrict x,
+                          const float* __restrict table, const float* __restrict scale,
+                          const float* __restrict zero, float* __restrict acc) {
+  for (int c = 0; c < WIDTH; ++c) {
+    float sum = 0;
+#pragma GCC unroll 4
+    for (int u = 0; u < UNROLL; ++u) {
+      unsigned b = q[u * stride + c];
+      if (DEQUANT == 0)
+        sum += x[2 * u] * table[c * 16 + (b & 15)] + x[2 * u + 1] * table[c * 16 + (b >> 4)];
+      else
+        sum += x[2 * u] * w4_value(b & 15, zero[c], scale[c]) + x[2 * u + 1] * w4_value(b >> 4, zero[c], scale[c]);
+    }
+    acc[c] += sum;
+  }
+}
+
+constexpr int kPrefetchRows = 8;  // row pairs ahead of the GEMV's loads
+constexpr int kWideBlock = 64;    // columns per GEMV step where the tile allows
+
 // The fused W4A16 GEMV of the megakernel, for one tile of columns:
 // acc[0, ncols) += x[0, K) @ W[:, n0 : n0 + ncols), ncols a multiple of 16
 // and at most TILE. Per group of G rows the tile's dequant parameters are
 // prepared in `work` (TILE * 16 floats), then the group's rows stream by in
-// steps of UNROLL row pairs, each step sweeping the tile's contiguous bytes.
-//   DEQUANT 0: a 16-entry table of the exact weights per (group, column);
-//              the inner loop looks weights up (a gather: scalar code).
-//   DEQUANT 1: per weight (q - zero) * scale rounded to bf16 with integer
-//              ops; the inner loop is pure SIMD arithmetic.
-// UNROLL row pairs are summed per column before touching acc, so larger
-// values cut accumulator traffic and give more independent work per load.
-constexpr int kPrefetchRows = 8;  // row pairs ahead of the GEMV's loads
-
+// steps of UNROLL row pairs, each step sweeping the tile's contiguous bytes
+// in blocks of 64 columns (16 for the rest): g++ sizes its vectors by the
+// byte loads, so only 64 bytes at a time fill 256- or 512-bit registers
+// with floats when the build targets AVX2 or AVX-512.
 template <int TILE, int DEQUANT, int UNROLL>
 inline void w4_gemv_tile(const W4& w, const float* __restrict x, int n0, int ncols, float* __restrict acc,
                          float* __restrict work) {
   static_assert((G / 2) % UNROLL == 0, "UNROLL row pairs divide a group");
   const size_t stride = size_t(w.N);
+  float* __restrict scale = work;  // DEQUANT 1: [TILE] scales, then [TILE] zeros
+  float* __restrict zero = work + TILE;
+  const int wide = ncols / kWideBlock * kWideBlock;
   for (int g = 0; g < w.K / G; ++g) {
     const uint16_t* sc = w.scale + size_t(g) * w.N + n0;
     const uint16_t* zr = w.zero + size_t(g) * w.N + n0;
-    float* __restrict scale = work;         // DEQUANT 1: [TILE] scales, then [TILE] zeros
-    float* __restrict zero = work + TILE;
     if (DEQUANT == 0) {
       for (int c = 0; c < ncols; ++c) {
         float s = bf16_to_float(sc[c]), z = bf16_to_float(zr[c]);
@@ -259,34 +286,13 @@ inline void w4_gemv_tile(const W4& w, const float* __restrict x, int n0, int nco
           for (int cb = 0; cb < ncols; cb += 64) __builtin_prefetch(ahead + cb);
           __builtin_prefetch(ahead + ncols - 1);
         }
-      for (int cb = 0; cb < ncols; cb += kBlock) {
-        const uint8_t* __restrict q = row + cb;
-        float* __restrict a = acc + cb;
-        if (DEQUANT == 0) {
-          const float* __restrict lut = work + cb * 16;
-          for (int c = 0; c < kBlock; ++c) {
-            float sum = 0;
-#pragma GCC unroll 4
-            for (int u = 0; u < UNROLL; ++u) {
-              unsigned b = q[u * stride + c];
-              sum += xr[2 * u] * lut[c * 16 + (b & 15)] + xr[2 * u + 1] * lut[c * 16 + (b >> 4)];
-            }
-            a[c] += sum;
-          }
-        } else {
-          const float* __restrict s = scale + cb;
-          const float* __restrict z = zero + cb;
-          for (int c = 0; c < kBlock; ++c) {
-            float sum = 0;
-#pragma GCC unroll 4
-            for (int u = 0; u < UNROLL; ++u) {
-              unsigned b = q[u * stride + c];
-              sum += xr[2 * u] * w4_value(b & 15, z[c], s[c]) + xr[2 * u + 1] * w4_value(b >> 4, z[c], s[c]);
-            }
-            a[c] += sum;
-          }
-        }
-      }
+      int cb = 0;
+      for (; cb < wide; cb += kWideBlock)
+        w4_rows_block<kWideBlock, DEQUANT, UNROLL>(row + cb, stride, xr, work + cb * 16, scale + cb, zero + cb,
+                                                   acc + cb);
+      for (; cb < ncols; cb += kBlock)
+        w4_rows_block<kBlock, DEQUANT, UNROLL>(row + cb, stride, xr, work + cb * 16, scale + cb, zero + cb,
+                                               acc + cb);
     }
   }
 }
@@ -353,8 +359,8 @@ inline void rope_pair(float* x0, float* x1, int pos, int i) {
   *x1 = round_bf16(a1 * c + a0 * s);
 }
 
-constexpr float kQkScale = 1.0f / 13.856406460551018f;  // 1 / sqrt(QH) for QH = 192
-static_assert(QH == 192, "kQkScale assumes qk_nope + qk_rope = 192");
+// Attention scores are scaled by 1 / sqrt(qk_nope + qk_rope).
+inline float qk_scale() { return 1.0f / sqrtf(float(QH)); }
 
 // A running softmax over a range of cached rows for one head: the largest
 // score m, the sum l of exp(score - m) and acc = sum exp(score - m) * value.
@@ -405,8 +411,8 @@ constexpr int kRowBlock = 8;  // cached rows expanded through kv_b together (wei
 // kv_b rows [k0, k1) (even bounds) dequantized to floats in panels of 16
 // columns: out[(n / 16) * R * 16 + k * 16 + n % 16]. The expansion walks a
 // panel's rows contiguously; walking kv_b's own rows down a column block
-// would stride by KVB floats, a power of two that maps every row to the
-// same L1 set.
+// would stride by KVB floats (heads x 1 KB), which maps the rows onto a
+// few L1 sets that then evict each other.
 inline void w4_dequant_panels(const W4& w, int k0, int k1, float* __restrict out) {
   for (int k = k0; k < k1; k += 2) {
     const uint8_t* __restrict q = w.q + size_t(k / 2) * w.N;
@@ -428,7 +434,8 @@ inline void w4_dequant_panels(const W4& w, int k0, int k1, float* __restrict out
 // rows past nb are zero.
 inline void load_latent_rows_t(const uint16_t* c_kv, int t0, int nb, float* __restrict cT) {
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < kRowBlock; ++b) cT[r * kRowBlock + b] = b < nb ? bf16_to_float(c_kv[size_t(t0 + b) * R + r]) : 0.0f;
+    for (int b = 0; b < kRowBlock; ++b)
+      cT[r * kRowBlock + b] = b < nb ? bf16_to_float(c_kv[size_t(t0 + b) * R + r]) : 0.0f;
 }
 
 // out[b][n] = bf16(sum_r cT[r][b] * W[r][n]) for the kRowBlock latent rows
@@ -475,7 +482,7 @@ inline void mla_exact_chunk(const float* kvb_panels, const uint16_t* c_kv, const
       for (int b = 0; b < nb; ++b) {
         float s = dot_f32(qh, rows + size_t(b) * KVB + h * HD, NOPE) +
                   dot_bf16(qh + NOPE, k_rope + size_t(tb + b) * ROPE, ROPE);
-        scores[h * kRowBlock + b] = s * kQkScale;
+        scores[h * kRowBlock + b] = s * qk_scale();
       }
       softmax_fold(part + h * (2 + VH), VH, scores + h * kRowBlock, nb, rows + h * HD + NOPE, KVB);
     }

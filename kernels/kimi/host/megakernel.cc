@@ -354,8 +354,9 @@ class Worker {
       for (int h = 0; h < MH; ++h) {
         const float* qr = s_.mla_q + h * QH + NOPE;
         for (int b = 0; b < nb; ++b) {
-          float sc = dot_f32(s_.q_abs + h * R, me_.cbuf + b * R, R) + dot_bf16(qr, m.k_rope + size_t(tb + b) * ROPE, ROPE);
-          me_.scores[h * kRowBlock + b] = sc * kQkScale;
+          float sc = dot_f32(s_.q_abs + h * R, me_.cbuf + b * R, R) +
+                     dot_bf16(qr, m.k_rope + size_t(tb + b) * ROPE, ROPE);
+          me_.scores[h * kRowBlock + b] = sc * qk_scale();
         }
         softmax_fold(part + h * PART, R, me_.scores + h * kRowBlock, nb, me_.cbuf, R);
       }
