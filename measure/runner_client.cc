@@ -80,6 +80,12 @@ RunnerReply RunnerClient::call(const json& request, double timeout_s) {
   if (!r.ok) {
     r.outcome = r.body.value("outcome", std::string("launch_error"));
     r.error = r.body.value("error", std::string());
+    // After a fault the runner exits (its device is unusable); the next
+    // request starts a fresh one.
+    if (r.outcome == "device_fault") {
+      child_->kill();
+      child_.reset();
+    }
   }
   return r;
 }
