@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <future>
+#include <map>
 
 #include "agent/backend.h"
 #include "agent/evaluator.h"
@@ -97,6 +98,55 @@ json worst_cosines(const Measurement& m) {
   return w;
 }
 
+const char* kPhaseNames[] = {"qkvg / q,kv_a", "kda / q_abs", "attention", "w_uv", "o_proj",
+                             "router + shared gate/up", "top-k + routed gate/up", "down", "end"};
+
+// Mean time per phase over the profiled steps, per context.
+void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
+  std::printf("\nper-phase time (us, mean over profiled steps; phase start to next phase start):\n");
+  std::map<int, std::vector<double>> per_tag;  // tag -> mean us per context
+  std::vector<double> totals;
+  for (const json& p : profiles) {
+    std::map<int, double> sum;
+    int runs = 0;
+    for (const json& r : p["runs"]) {
+      const json& st = r["stamps"];
+      for (size_t i = 0; i + 1 < st.size(); ++i)
+        sum[st[i][0].get<int>()] += double(st[i + 1][1].get<uint64_t>() - st[i][1].get<uint64_t>()) / 1000.0;
+      ++runs;
+    }
+    double total = 0;
+    for (auto& [tag, us] : sum) {
+      per_tag[tag].resize(profiles.size(), 0.0);
+      per_tag[tag][totals.size()] = us / std::max(1, runs);
+      total += us / std::max(1, runs);
+    }
+    totals.push_back(total);
+  }
+  std::printf("%-6s %-26s", "layer", "phase");
+  for (const json& p : profiles) std::printf(" %10d", p.value("context", 0));
+  std::printf("\n");
+  std::map<int, std::vector<double>> by_phase;
+  for (auto& [tag, v] : per_tag) {
+    int layer = tag / 16, ph = tag % 16;
+    std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
+    std::printf("%-6s %-26s", lname.c_str(), kPhaseNames[std::min(ph, 8)]);
+    for (double us : v) std::printf(" %10.2f", us);
+    std::printf("\n");
+    auto& acc = by_phase[ph];
+    acc.resize(v.size(), 0.0);
+    for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
+  }
+  std::printf("%-6s %-26s", "all", "(sum of stamped phases)");
+  for (double t : totals) std::printf(" %10.2f", t);
+  std::printf("\nby phase over all layers:\n");
+  for (auto& [ph, v] : by_phase) {
+    std::printf("%-6s %-26s", "", kPhaseNames[std::min(ph, 8)]);
+    for (size_t i = 0; i < v.size(); ++i) std::printf(" %9.2f%%", totals[i] > 0 ? 100.0 * v[i] / totals[i] : 0.0);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int run_probe(const std::string& backend, const std::string& size, const std::string& runner) {
@@ -140,8 +190,9 @@ int run_bench(const BenchOptions& o) {
     }
     rows.push_back(r);
   }
-  Row mk{"megakernel"};
+  std::vector<json> knob_sets = o.knob_sets.empty() ? std::vector<json>{json::object()} : o.knob_sets;
   if (!o.variant.empty()) {
+    Row mk{"megakernel"};
     traces::Store store;
     traces::VariantRow vr;
     if (!store.open(o.db, &err) || !store.variant(o.variant, &vr, &err)) {
@@ -154,11 +205,17 @@ int run_bench(const BenchOptions& o) {
     mk.v.knobs = vr.knobs;
     const variants::Template* t = kimi::find_template(vr.template_name);
     mk.v.max_launches = t ? t->max_launches : 1;
-  } else if (!render_variant(b.cfg, b.spec, *mega, o.knobs, "", &mk.v, &err)) {
-    std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
-    return 1;
+    rows.push_back(mk);
+  } else {
+    for (size_t k = 0; k < knob_sets.size(); ++k) {
+      Row mk{k == 0 ? "megakernel" : "megakernel#" + std::to_string(k)};
+      if (!render_variant(b.cfg, b.spec, *mega, knob_sets[k], "", &mk.v, &err)) {
+        std::fprintf(stderr, "ktune bench: knob set %zu: %s\n", k, err.c_str());
+        return 1;
+      }
+      rows.push_back(mk);
+    }
   }
-  rows.push_back(mk);
 
   sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
   std::vector<std::future<sandbox::BuildResult>> builds;
@@ -166,6 +223,7 @@ int run_bench(const BenchOptions& o) {
     builds.push_back(std::async(std::launch::async, [&cache, &b, &r] { return cache.build(b.spec.build_request(r.v.source)); }));
   measure::Gate gate;
   Evaluator ev(b.weights, b.spec, b.runner, *b.oracle, join_path(b.workdir, "runner"), gate, b.spec.step_timeout_s);
+  ev.keep_oracle_answers(true);
   std::vector<std::pair<int, int>> cases;
   for (int s = 1; s <= o.seeds; ++s)
     for (auto [ctx, steps] : b.cfg.timed_contexts) cases.push_back({1000 + s, ctx});
@@ -197,7 +255,7 @@ int run_bench(const BenchOptions& o) {
                                    {"error", r.m.error}, {"launches_per_step", r.m.launches},
                                    {"worst_cosine", worst_cosines(r.m)}, {"timings", r.m.timings}});
   const Row* base = o.with_baseline ? &rows[0] : nullptr;
-  const Row& m = rows.back();
+  const Row& m = rows[o.with_baseline ? 1 : 0];
   std::printf("\n%-8s %14s %14s %10s %9s %9s %14s\n", "context", "baseline us", "megakernel us", "floor us",
               "speedup", "of floor", "launches b/m");
   for (auto [ctx, steps] : b.cfg.timed_contexts) {
@@ -220,6 +278,45 @@ int run_bench(const BenchOptions& o) {
               b.spec.samples, b.spec.warmup, bw,
               b.spec.name == "cuda" ? ("CUPTI: " + b.runner.facts().value("cupti", std::string("?"))).c_str()
                                     : "the runner");
+  // Every megakernel variant side by side (the levers), same run, same method.
+  if (rows.size() > size_t(o.with_baseline ? 2 : 1)) {
+    std::printf("\nmegakernel variants (median us per step; all from this run):\n%-14s", "variant");
+    for (auto [ctx, steps] : b.cfg.timed_contexts) std::printf(" %10d", ctx);
+    std::printf("  launches  knobs\n");
+    for (const Row& r : rows) {
+      if (&r == base) continue;
+      std::printf("%-14s", r.name.c_str());
+      for (auto [ctx, steps] : b.cfg.timed_contexts) {
+        const json* t = r.ok ? timing_at(r.m, ctx) : nullptr;
+        std::printf(" %10.1f", t ? t->value("median_us", 0.0) : 0.0);
+      }
+      std::printf("  %8d  %s%s\n", r.m.launches, r.v.knobs.dump().c_str(),
+                  r.ok ? "" : ("  [" + r.m.outcome + ": " + r.m.error.substr(0, 80) + "]").c_str());
+    }
+  }
+  // Where a step's time goes: the megakernel rebuilt with profile stamps,
+  // stepped at each context; a phase's time runs from its start to the next
+  // phase's start (its barrier wait included).
+  if (m.ok && rows.back().name == "megakernel" && o.variant.empty() && mega->space.find("profile")) {
+    json pk = mega->space.complete(knob_sets[0]);
+    pk["profile"] = 1;
+    Variant pv;
+    sandbox::BuildResult pb;
+    if (render_variant(b.cfg, b.spec, *mega, pk, "", &pv, &err) && (pb = cache.build(b.spec.build_request(pv.source))).ok) {
+      json ctxs = json::array();
+      for (auto [ctx, steps] : b.cfg.timed_contexts) ctxs.push_back({ctx, steps});
+      measure::RunnerReply lr = b.runner.call({{"op", "load"}, {"artifact", pb.artifact}}, 60);
+      measure::RunnerReply pr = lr.ok ? b.runner.call({{"op", "profile"}, {"contexts", ctxs}, {"warmup", 5},
+                                                        {"samples", 20}}, 300)
+                                      : lr;
+      if (pr.ok) {
+        results["profile"] = pr.body["profiles"];
+        print_profile(pr.body["profiles"], b.cfg);
+      } else {
+        std::printf("profile failed: %s\n", pr.error.c_str());
+      }
+    }
+  }
   if (!o.json_out.empty()) {
     std::string e;
     if (!write_file_atomic(o.json_out, results.dump(2), &e)) std::fprintf(stderr, "ktune bench: %s\n", e.c_str());

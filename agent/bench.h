@@ -5,6 +5,7 @@
 // the same run, with the speedup and the fraction of the floor reached.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "base/json.h"
 
@@ -14,7 +15,7 @@ struct BenchOptions {
   std::string task = "kimi-linear";
   std::string size = "full";
   std::string backend = "cuda";
-  json knobs = json::object();  // megakernel knobs (defaults where absent)
+  std::vector<json> knob_sets;  // one megakernel variant each (defaults where absent); none: the defaults
   std::string db, variant;      // or: a variant recorded in a database (its source is used as is)
   int samples = 0, warmup = -1;
   int seeds = 3;

@@ -56,6 +56,8 @@ class Evaluator {
   bool time(const std::vector<std::pair<int, int>>& contexts, int warmup, int samples, Measurement* m);
 
   const measure::Gate& gate() const { return gate_; }
+  // Keep oracle answers after use (validating several variants on the same cases).
+  void keep_oracle_answers(bool keep) { keep_oracle_ = keep; }
 
  private:
   bool failed(const measure::RunnerReply& r, Measurement* m);
@@ -66,6 +68,7 @@ class Evaluator {
   std::string out_dir_;
   measure::Gate gate_;
   double step_timeout_s_;
+  bool keep_oracle_ = false;
 };
 
 }  // namespace ktune::agent

@@ -204,23 +204,25 @@ int main(int argc, char** argv) {
   probe->callback([&] { rc = agent::run_probe(backend == "auto" ? default_backend() : backend, size, runner_path); });
 
   agent::BenchOptions bo;
-  std::string knobs_text;
+  std::vector<std::string> knobs_texts;
   auto* bench = app.add_subcommand("bench", "baseline vs megakernel vs floor at every decode shape, in one run");
   bench->add_option("--task", bo.task)->default_val("kimi-linear");
   bench->add_option("--backend", backend)->default_val("auto");
   bench->add_option("--size", bo.size)->default_val("full");
-  bench->add_option("--knobs", knobs_text, "megakernel knobs as JSON (defaults where absent)");
+  bench->add_option("--knobs", knobs_texts, "megakernel knobs as JSON (defaults where absent); repeat to compare several");
   bench->add_option("--db", bo.db, "with --variant: the database holding it");
   bench->add_option("--variant", bo.variant, "benchmark this recorded variant");
   bench->add_option("--samples", bo.samples, "timing samples per context");
   bench->add_option("--seeds", bo.seeds, "validation seeds per context")->default_val(3);
   bench->add_option("--json", bo.json_out, "also write the results as JSON");
+  bench->add_flag("!--no-baseline", bo.with_baseline, "skip the baseline");
   bench->add_option("--runner", bo.runner);
   bench->callback([&] {
     bo.backend = backend == "auto" ? default_backend() : backend;
-    if (!knobs_text.empty()) {
-      bo.knobs = json::parse(knobs_text, nullptr, false);
-      if (bo.knobs.is_discarded() || !bo.knobs.is_object()) throw CLI::ValidationError("--knobs", "not a JSON object");
+    for (const std::string& text : knobs_texts) {
+      json k = json::parse(text, nullptr, false);
+      if (k.is_discarded() || !k.is_object()) throw CLI::ValidationError("--knobs", "not a JSON object: " + text);
+      bo.knob_sets.push_back(k);
     }
     rc = agent::run_bench(bo);
   });

@@ -318,7 +318,8 @@ class CudaBackend : public RunnerBackend {
     args_.context = context;
     args_.topk_out = topk_;
     args_.scratch = static_cast<uint8_t*>(scratch_);
-    args_.trace = nullptr;
+    args_.trace = reinterpret_cast<float*>(trace_);
+    if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
     for (size_t i = 0; i < launches_.size(); ++i) {
@@ -371,6 +372,17 @@ class CudaBackend : public RunnerBackend {
 
   json probe(std::string* err) override;
 
+  bool set_trace(size_t words, std::string* err) override {
+    if (trace_) cudaFree(trace_);
+    trace_ = nullptr;
+    trace_words_ = words;
+    return words == 0 || check(cudaMalloc(&trace_, words * 8), "allocating the trace", err);
+  }
+  bool read_trace(std::vector<uint64_t>* out, std::string* err) override {
+    out->assign(trace_words_, 0);
+    return !trace_ || check(cudaMemcpy(out->data(), trace_, trace_words_ * 8, cudaMemcpyDeviceToHost), "trace", err);
+  }
+
  private:
   static StepStatus fail(StepStatus& s, const std::string& msg, bool fault = false) {
     s.ok = false;
@@ -417,6 +429,8 @@ class CudaBackend : public RunnerBackend {
   void* weights_ = nullptr;
   size_t weight_bytes_ = 0;
   void* scratch_ = nullptr;
+  void* trace_ = nullptr;
+  size_t trace_words_ = 0;
   uint16_t* x_[2] = {nullptr, nullptr};
   int* topk_ = nullptr;
   KimiDeviceArgs args_{};

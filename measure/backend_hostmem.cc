@@ -79,7 +79,8 @@ StepStatus HostMemoryBackend::step(int context, bool count_launches) {
   args_.x_out = x_[1 - current_].data();
   args_.topk_out = topk_.data();
   args_.scratch = scratch_.data() + (64 - reinterpret_cast<uintptr_t>(scratch_.data()) % 64) % 64;
-  args_.trace = nullptr;
+  std::fill(trace_.begin(), trace_.end(), 0);
+  args_.trace = trace_.empty() ? nullptr : reinterpret_cast<float*>(trace_.data());
   double t0 = mono_seconds();
   s = run_step(count_launches);
   s.us = (mono_seconds() - t0) * 1e6;
@@ -105,6 +106,16 @@ bool HostMemoryBackend::get_state(kimi::KimiState* st, kimi::StepOutput* out, st
                                L.k_rope.begin() + size_t(last_context_ + 1) * cfg_.qk_rope);
     }
   }
+  return true;
+}
+
+bool HostMemoryBackend::set_trace(size_t words, std::string*) {
+  trace_.assign(words, 0);
+  return true;
+}
+
+bool HostMemoryBackend::read_trace(std::vector<uint64_t>* out, std::string*) {
+  *out = trace_;
   return true;
 }
 

@@ -18,6 +18,8 @@ class HostMemoryBackend : public RunnerBackend {
   bool put_state(const kimi::KimiState& st, const std::vector<uint16_t>& token, std::string* err) override;
   StepStatus step(int context, bool count_launches) override;
   bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override;
+  bool set_trace(size_t words, std::string* err) override;
+  bool read_trace(std::vector<uint64_t>* out, std::string* err) override;
 
  protected:
   virtual bool accepts(const LoadedVariant& v, std::string* err) = 0;
@@ -31,6 +33,7 @@ class HostMemoryBackend : public RunnerBackend {
   int current_ = 0, last_context_ = 0;
   std::vector<int> topk_;
   std::vector<uint8_t> scratch_;
+  std::vector<uint64_t> trace_;
   std::unique_ptr<LoadedVariant> variant_;
 };
 

@@ -15,14 +15,18 @@ void OraclePool::prefetch(int seed, int context) {
                 }).share();
 }
 
-OracleCase OraclePool::take(int seed, int context) {
+OracleCase OraclePool::get(int seed, int context) {
   prefetch(seed, context);
   std::shared_future<OracleCase> f;
   {
     std::lock_guard<std::mutex> lock(mu_);
     f = cases_[{seed, context}];
   }
-  OracleCase c = f.get();
+  return f.get();
+}
+
+OracleCase OraclePool::take(int seed, int context) {
+  OracleCase c = get(seed, context);
   std::lock_guard<std::mutex> lock(mu_);
   cases_.erase({seed, context});
   return c;

@@ -19,6 +19,9 @@ class OraclePool {
   void prefetch(int seed, int context);
   // The case (waits for it); it is then forgotten.
   OracleCase take(int seed, int context);
+  // The case (waits for it), kept for later calls (a benchmark validating
+  // several variants on the same cases).
+  OracleCase get(int seed, int context);
 
  private:
   const kimi::KimiWeights& w_;

@@ -124,6 +124,38 @@ struct Runner {
     return {{"ok", true}, {"timings", timings}};
   }
 
+  // Steps with a trace buffer: each sample's (tag, time) stamps, as written
+  // by a profiled variant (KT_PROFILE).
+  json profile(const json& req, bool* fatal) {
+    int warmup = req.value("warmup", 3), samples = req.value("samples", 10);
+    uint64_t seed = req.value("seed", 1234567);
+    const size_t words = 1 + 2 * 512;
+    std::string err;
+    if (!backend->set_trace(words, &err)) return failure("launch_error", err);
+    json out = json::array();
+    for (const json& ctx : req.value("contexts", json::array())) {
+      int context = ctx.at(0), steps = std::max(1, ctx.at(1).get<int>());
+      kimi::KimiState st = kimi::make_state(cfg, seed, context, capacity);
+      if (!backend->put_state(st, kimi::make_token(cfg, seed), &err)) return failure("launch_error", err);
+      json runs = json::array();
+      for (int i = 0; i < warmup + samples; ++i) {
+        StepStatus s = backend->step(context + i % steps, false);
+        if (!s.ok) {
+          *fatal = s.fault;
+          return failure(s.fault ? "device_fault" : "launch_error", s.error);
+        }
+        std::vector<uint64_t> t;
+        if (i < warmup || !backend->read_trace(&t, &err)) continue;
+        json stamps = json::array();
+        for (uint64_t k = 0; k < t[0] && 2 + 2 * k < t.size(); ++k) stamps.push_back({t[1 + 2 * k], t[2 + 2 * k]});
+        runs.push_back({{"us", s.us}, {"stamps", stamps}});
+      }
+      out.push_back({{"context", context}, {"runs", runs}});
+    }
+    backend->set_trace(0, &err);
+    return {{"ok", true}, {"profiles", out}};
+  }
+
   // Returns the reply; sets *fatal when the runner must exit after it.
   json handle(const json& req, bool* fatal) {
     std::string op = req.value("op", std::string());
@@ -139,8 +171,9 @@ struct Runner {
       if (!loaded) return failure("launch_error", err);
       return {{"ok", true}, {"declared_launches", backend->declared_launches()}};
     }
-    if (op == "validate" || op == "time") {
+    if (op == "validate" || op == "time" || op == "profile") {
       if (!loaded) return failure("launch_error", "no variant loaded");
+      if (op == "profile") return profile(req, fatal);
       return op == "validate" ? validate(req, fatal) : time(req, fatal);
     }
     return failure("launch_error", "unknown op '" + op + "'");

@@ -10,6 +10,9 @@
 //           (each file: safetensors with hidden, L{i}.S/cq/ck/cv, L{i}.c_kv_row/k_rope_row, topk)
 //   {"op":"time","contexts":[[L,steps],...],"warmup":W,"samples":N,"seed":S}
 //        -> {"ok":true,"timings":[{"context":L,"steps":s,"warmup":W,"samples_us":[...]}]}
+//   {"op":"profile","contexts":[[L,steps],...],"warmup":W,"samples":N}
+//        -> {"ok":true,"profiles":[{"context":L,"runs":[{"us":T,"stamps":[[tag,ns],...]}]}]}
+//           (the stamps a profiled variant wrote into args.trace, one list per step)
 //   {"op":"quit"}
 //
 // A failure is {"ok":false,"outcome":"launch_error"|"device_fault","error":TEXT}.

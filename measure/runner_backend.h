@@ -44,6 +44,11 @@ class RunnerBackend {
   // Reads back the state (S, windows, cache rows), the hidden output and
   // the chosen experts.
   virtual bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) = 0;
+  // Gives the variant a zeroed trace buffer of `words` 64-bit words for the
+  // next step (args.trace; profiled variants stamp their phases there) and
+  // reads it back after the step. words = 0 turns it off.
+  virtual bool set_trace(size_t words, std::string* err) = 0;
+  virtual bool read_trace(std::vector<uint64_t>* out, std::string* err) = 0;
   // Hardware probes (bandwidth, launch and barrier cost, ...):
   // [{name, value, unit, detail}].
   virtual json probe(std::string* err) = 0;

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <math.h>
+#include <chrono>
 #include <cmath>
 #include <vector>
 

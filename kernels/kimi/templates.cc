@@ -16,8 +16,9 @@ KnobSpace cuda_mega_space() {
       {"threads", "KT_THREADS", {128, 256, 512}, 256, "threads per block (4, 8 or 16 warps)"},
       {"blocks_per_sm", "KT_BLOCKS_PER_SM", {1, 2}, 1,
        "co-resident blocks per SM; 2 halves the register budget per thread"},
-      {"barrier", "KT_BARRIER", {"atomic", "coop"}, "atomic",
-       "grid barrier: a global counter + generation, or cooperative_groups grid.sync()"},
+      {"barrier", "KT_BARRIER", {"atomic", "coop", "counter"}, "atomic",
+       "grid barrier: a counter + generation word, cooperative_groups grid.sync(), or one monotonic counter "
+       "per launch (one atomic per block per barrier)"},
       {"dequant", "KT_DEQUANT", {"fma", "mma"}, "mma",
        "int4 dequant feeding fp32 FMAs, or bf16 tensor-core mma (m16n8k16)"},
       {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 4, "16-row chunks of 16-byte weight loads in flight per warp"},
@@ -27,6 +28,10 @@ KnobSpace cuda_mega_space() {
        "prefetch the next phase's weights into L2 before waiting at a grid barrier"},
       {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 8, "MLA heads per attention work item"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
+      {"stages", "KT_STAGES", {0, 2, 3, 4, 6}, 4,
+       "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async pipeline through shared "
+       "memory, one quantization group per stage"},
+      {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   s.constraint = [](const json& p, std::string* why) {
     if (p["threads"].get<int>() * p["blocks_per_sm"].get<int>() > 1024) {

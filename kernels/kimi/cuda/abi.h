@@ -57,7 +57,8 @@ struct KimiDeviceArgs {
   int context;           // cached rows before this step = the new token's position
   int* topk_out;         // int [layers][n_active]: the routed experts, best first
   uint8_t* scratch;      // ktune_scratch_bytes of variant-owned memory, zeroed once at load
-  float* trace;          // nullptr, or room for the debug trace (KT_TRACE builds)
+  float* trace;          // nullptr, or a zeroed buffer for profile stamps (KT_PROFILE builds;
+                         // 64-bit words: [count, tag, ns, tag, ns, ...])
 };
 
 // The arguments a launch-table entry adds (a kernel reused for several

@@ -171,6 +171,62 @@ KT_DEV int kt_ld_cg(const int* p) {
 #endif
 }
 
+// ---- asynchronous copies into shared memory (cp.async, 16 bytes) ----------
+// `valid` false writes zeros (the copy reads nothing). The emulator copies at
+// once, so commit and wait are no-ops there.
+KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
+#ifdef KT_EMULATION
+  if (valid) memcpy(smem, gmem, 16);
+  else memset(smem, 0, 16);
+#else
+  unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+#endif
+}
+KT_DEV void kt_cp_async_commit() {
+#ifndef KT_EMULATION
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most `n` committed groups are still in flight.
+template <int n>
+KT_DEV void kt_cp_async_wait() {
+#ifndef KT_EMULATION
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+#endif
+}
+
+// ---- acquire / release on global counters --------------------------------------
+KT_DEV unsigned kt_ld_acquire(const unsigned* p) {
+#ifdef KT_EMULATION
+  return *(volatile const unsigned*)p;
+#else
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+KT_DEV void kt_red_release_add(unsigned* p, unsigned v) {
+#ifdef KT_EMULATION
+  *p += v;
+#else
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
+// Nanoseconds of the GPU's global timer (the host clock in the emulator).
+KT_DEV unsigned long long kt_globaltimer() {
+#ifdef KT_EMULATION
+  return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+#else
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
 KT_DEV void kt_prefetch_l2(const void* p) {
 #ifndef KT_EMULATION
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
@@ -206,20 +262,35 @@ KT_DEV float kt_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 // ---- grid-wide barrier -----------------------------------------------------------
 // All blocks of a cooperative launch meet here. style 0: a counter and a
 // generation number in global memory (the last block to arrive resets the
-// counter and bumps the generation); style 1: cooperative groups' grid.sync.
+// counter and bumps the generation); style 1: cooperative groups' grid.sync;
+// style 2: one monotonic counter, each block waits for it to reach its own
+// target (one atomic per block, no reset on the way; kt_grid_exit resets it
+// when the last block leaves the kernel).
 struct KtGridBarrier {
   unsigned count;
   unsigned generation;
+  unsigned exits;
+  unsigned target;  // style 2: unused in memory (each block keeps its own), kept for layout
 };
 
 template <int style>
-KT_DEV void kt_grid_sync(KtGridBarrier* bar) {
+KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr) {
 #ifndef KT_EMULATION
   if (style == 1) {
     cooperative_groups::this_grid().sync();
     return;
   }
 #endif
+  if (style == 2) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *target += gridDim.x;
+      kt_red_release_add(&bar->count, 1u);
+      while (kt_ld_acquire(&bar->count) < *target) __nanosleep(8);
+    }
+    __syncthreads();
+    return;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     volatile unsigned* gen = &bar->generation;
@@ -235,4 +306,14 @@ KT_DEV void kt_grid_sync(KtGridBarrier* bar) {
     __threadfence();
   }
   __syncthreads();
+}
+
+// Style 2's reset: the last block out of the kernel zeroes the counter for
+// the next launch (no block polls it any more by then).
+KT_DEV void kt_grid_exit(KtGridBarrier* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&bar->exits, 1u) == gridDim.x - 1) {
+    atomicExch(&bar->count, 0u);
+    atomicExch(&bar->exits, 0u);
+  }
 }

@@ -29,7 +29,11 @@
 // KT_UNROLL (chunks of loads in flight per warp), KT_LOAD_HINT (0 plain,
 // 1 evict-first streaming), KT_PREFETCH (1: prefetch the next phase's
 // weights into L2 before waiting at a barrier), KT_ATTN_HEADS (heads per
-// attention item), KT_WAVES (work items per block per phase, target).
+// attention item), KT_WAVES (work items per block per phase, target),
+// KT_STAGES (0: weights loaded into registers as above; n > 0: streamed
+// through an n-deep cp.async pipeline in shared memory, one quantization
+// group per stage), KT_PROFILE (1: block 0 stamps the start of every phase
+// into args.trace, for `ktune bench`'s per-phase table).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -78,6 +82,27 @@ struct alignas(16) Scratch {
   alignas(16) float attn_acc[kMaxChunks * MH * R];
 };
 
+// ---- the shared-memory pipeline ----------------------------------------------------
+// A GEMV stage: one quantization group (8 chunks = 64 packed row pairs) of a
+// 128-column tile, its 16-byte column groups swizzled by row so a warp's
+// fragment loads hit distinct banks, plus the group's scales and zeros.
+constexpr int STAGES = KT_STAGES > 0 ? KT_STAGES : 1;
+constexpr int STAGE_CHUNKS = G / CHUNK;
+struct alignas(16) Stage {
+  uint8_t w[STAGE_CHUNKS * 8 * TILE];
+  uint16_t sc[TILE], ze[TILE];
+  uint32_t ss[TILE], zz[TILE];  // expanded: packed (s, s) and (128 + z, 128 + z)
+};
+// An attention tile: ATT_ROWS cached rows (latent and rope parts).
+constexpr int ATT_ROWS = 16, ATT_STAGES = 3;
+struct alignas(16) AttTile {
+  uint16_t c[ATT_ROWS][R];
+  uint16_t k[ATT_ROWS][ROPE];
+};
+constexpr int kPipeBytes = int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0) > int(sizeof(AttTile)) * ATT_STAGES
+                               ? int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0)
+                               : int(sizeof(AttTile)) * ATT_STAGES;
+
 // ---- per-block shared memory ------------------------------------------------------
 struct alignas(16) Smem {
   uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
@@ -93,6 +118,7 @@ struct alignas(16) Smem {
   float cw[kMaxChunks];
   float lv[E];
   ktune::kimi::topk_detail::Item items[E];
+  alignas(16) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles
 };
 
 struct Ctx {
@@ -100,9 +126,30 @@ struct Ctx {
   Scratch* s;
   Smem* sm;
   int tid, lane, warp;
+  unsigned target = 0;  // the counter barrier's next goal (thread 0)
+  int stamp = 0;        // profile entries written
 };
 
-KT_DEV void barrier(Ctx& c) { kt_grid_sync<KT_BARRIER>(&c.s->bar); }
+// Profile: block 0 stamps (tag, time) at the start of each phase. The tag is
+// layer * 16 + phase (see kPhaseNames in agent/bench.cc).
+KT_DEV void stamp(Ctx& c, int layer, int phase) {
+#if KT_PROFILE
+  if (blockIdx.x == 0 && c.tid == 0 && c.a.trace) {
+    unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
+    t[1 + 2 * c.stamp] = (unsigned long long)(layer * 16 + phase);
+    t[2 + 2 * c.stamp] = kt_globaltimer();
+    t[0] = (unsigned long long)(++c.stamp);
+  }
+#else
+  (void)c;
+  (void)layer;
+  (void)phase;
+#endif
+}
+
+KT_DEV int imin(int a, int b) { return a < b ? a : b; }
+
+KT_DEV void barrier(Ctx& c) { kt_grid_sync<KT_BARRIER>(&c.s->bar, &c.target); }
 
 // ---- small block-wide helpers -------------------------------------------------------
 KT_DEV float block_sum(Ctx& c, float v) {
@@ -182,8 +229,49 @@ KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (
 
 KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// Accumulates chunks [l0, l1) of one matrix segment into this warp's
-// registers. xh/xl point at the segment's first k-pair in shared memory.
+// One 16-row chunk for this warp: wa/wb are the lane's 16 bytes at k-pairs
+// t and t+4 (16 columns), ss/zz its columns' scale and zero pairs, and
+// lc the chunk's index into the staged input x.
+KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)[16], const uint32_t (&zz)[16],
+                          const uint32_t* xh, const uint32_t* xl, int lc, float (&acc)[16],
+                          float (&mma_acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#if KT_DEQUANT == 1
+  (void)acc;
+  // B column 0 = hi part of x, column 1 = lo part, the rest zero.
+  const uint32_t* xsrc = g == 0 ? xh : xl;
+  uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int wi = j >> 1, b0 = (j & 1) * 2;
+    const uint32_t A = word_of(wa, wi), B = word_of(wb, wi);
+    const uint32_t As = A >> 4, Bs = B >> 4;
+    uint32_t a[4] = {kt_dequant_pair(kt_nibble_pair(A, As, b0), zz[2 * j], ss[2 * j]),
+                     kt_dequant_pair(kt_nibble_pair(A, As, b0 + 1), zz[2 * j + 1], ss[2 * j + 1]),
+                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0), zz[2 * j], ss[2 * j]),
+                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0 + 1), zz[2 * j + 1], ss[2 * j + 1])};
+    kt_mma_bf16(mma_acc[j], a, b);
+  }
+#else
+  (void)mma_acc;
+  (void)g;
+  const uint32_t ha = xh[lc * 8 + t], la = xl[lc * 8 + t];
+  const uint32_t hb = xh[lc * 8 + t + 4], lb = xl[lc * 8 + t + 4];
+  const float xa0 = kt_lo(ha) + kt_lo(la), xa1 = kt_hi(ha) + kt_hi(la);
+  const float xb0 = kt_lo(hb) + kt_lo(lb), xb1 = kt_hi(hb) + kt_hi(lb);
+#pragma unroll
+  for (int bi = 0; bi < 16; ++bi) {
+    const uint32_t A = word_of(wa, bi >> 2), B = word_of(wb, bi >> 2);
+    const uint32_t pa = kt_dequant_pair(kt_nibble_pair(A, A >> 4, bi & 3), zz[bi], ss[bi]);
+    const uint32_t pb = kt_dequant_pair(kt_nibble_pair(B, B >> 4, bi & 3), zz[bi], ss[bi]);
+    acc[bi] += xa0 * kt_lo(pa) + xa1 * kt_hi(pa) + xb0 * kt_lo(pb) + xb1 * kt_hi(pb);
+  }
+#endif
+}
+
+// Register path (KT_STAGES 0): accumulates chunks [l0, l1) of one matrix
+// segment, each warp loading its own weights, KT_UNROLL chunks at a time.
+// xh/xl point at the segment's first k-pair in shared memory.
 KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, const uint32_t* xl,
                             float (&acc)[16], float (&mma_acc)[8][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -216,35 +304,74 @@ KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, c
         load_scales(sg, grp, col, active, ss, zz);
         cur_group = grp;
       }
-#if KT_DEQUANT == 1
-      // B column 0 = hi part of x, column 1 = lo part, the rest zero.
-      const uint32_t* xsrc = g == 0 ? xh : xl;
-      uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int wi = j >> 1, b0 = (j & 1) * 2;
-        const uint32_t A = word_of(wa[u], wi), B = word_of(wb[u], wi);
-        const uint32_t As = A >> 4, Bs = B >> 4;
-        uint32_t a[4] = {kt_dequant_pair(kt_nibble_pair(A, As, b0), zz[2 * j], ss[2 * j]),
-                         kt_dequant_pair(kt_nibble_pair(A, As, b0 + 1), zz[2 * j + 1], ss[2 * j + 1]),
-                         kt_dequant_pair(kt_nibble_pair(B, Bs, b0), zz[2 * j], ss[2 * j]),
-                         kt_dequant_pair(kt_nibble_pair(B, Bs, b0 + 1), zz[2 * j + 1], ss[2 * j + 1])};
-        kt_mma_bf16(mma_acc[j], a, b);
-      }
-#else
-      const uint32_t ha = xh[lc * 8 + t], la = xl[lc * 8 + t];
-      const uint32_t hb = xh[lc * 8 + t + 4], lb = xl[lc * 8 + t + 4];
-      const float xa0 = kt_lo(ha) + kt_lo(la), xa1 = kt_hi(ha) + kt_hi(la);
-      const float xb0 = kt_lo(hb) + kt_lo(lb), xb1 = kt_hi(hb) + kt_hi(lb);
-#pragma unroll
-      for (int bi = 0; bi < 16; ++bi) {
-        const uint32_t A = word_of(wa[u], bi >> 2), B = word_of(wb[u], bi >> 2);
-        const uint32_t pa = kt_dequant_pair(kt_nibble_pair(A, A >> 4, bi & 3), zz[bi], ss[bi]);
-        const uint32_t pb = kt_dequant_pair(kt_nibble_pair(B, B >> 4, bi & 3), zz[bi], ss[bi]);
-        acc[bi] += xa0 * kt_lo(pa) + xa1 * kt_hi(pa) + xb0 * kt_lo(pb) + xb1 * kt_hi(pb);
-      }
-#endif
+      chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
     }
+  }
+}
+
+// Staged path: all threads copy one group of a tile (64 packed row pairs x
+// 128 columns, and its scales and zeros) into a stage, asynchronously.
+KT_DEV void issue_stage(Ctx& c, Stage& st, const Seg& sg, int group) {
+  const size_t rp0 = size_t(group) * (G / 2);
+  for (int i = c.tid; i < (G / 2) * 8; i += THREADS) {
+    const int r = i >> 3, cc = i & 7, col = sg.n0 + cc * 16;
+    const bool valid = col < sg.N;
+    kt_cp_async16(&st.w[r * TILE + ((cc ^ ((r & 3) << 1)) * 16)], valid ? sg.wq + (rp0 + r) * sg.N + col : sg.wq,
+                  valid);
+  }
+  if (c.tid < 32) {
+    const int which = c.tid >> 4, cc = c.tid & 15, col = sg.n0 + cc * 8;
+    const bool valid = col < sg.N;
+    const uint16_t* src = (which ? sg.ze : sg.sc) + size_t(group) * sg.N + col;
+    kt_cp_async16((which ? st.ze : st.sc) + cc * 8, valid ? src : sg.sc, valid);
+  }
+}
+
+// Staged path: the item's groups [g0, g1) stream through KT_STAGES stages;
+// warp w takes chunks w, w + WARPS, ... of each stage. The segment of a
+// group comes from the phase (several experts form one k range).
+template <class P>
+KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
+  Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
+  const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
+  const int n = g1 - g0;
+  auto issue = [&](int s) {
+    const int grp = g0 + s;
+    issue_stage(c, stages[s % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
+  };
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n) issue(s);
+    kt_cp_async_commit();
+  }
+  const int lane = c.lane, g = lane >> 2, t = lane & 3;
+  for (int s = 0; s < n; ++s) {
+    if (s + STAGES - 1 < n) issue(s + STAGES - 1);
+    kt_cp_async_commit();
+    kt_cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    Stage& st = stages[s % STAGES];
+    for (int i = c.tid; i < TILE; i += THREADS) {
+      const uint32_t sv = st.sc[i], zv = kt_f2bf(128.0f + kt_bf2f(st.ze[i]));
+      st.ss[i] = sv | (sv << 16);
+      st.zz[i] = zv | (zv << 16);
+    }
+    __syncthreads();
+    uint32_t ss[16], zz[16];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 s4 = reinterpret_cast<const uint4*>(st.ss + 16 * g)[q];
+      const uint4 z4 = reinterpret_cast<const uint4*>(st.zz + 16 * g)[q];
+      ss[4 * q] = s4.x, ss[4 * q + 1] = s4.y, ss[4 * q + 2] = s4.z, ss[4 * q + 3] = s4.w;
+      zz[4 * q] = z4.x, zz[4 * q + 1] = z4.y, zz[4 * q + 2] = z4.z, zz[4 * q + 3] = z4.w;
+    }
+    const int sw = ((t & 3) << 1);
+    for (int j = c.warp; j < STAGE_CHUNKS; j += WARPS) {
+      const uint8_t* w = st.w + j * 8 * TILE;
+      const uint4 wa = *reinterpret_cast<const uint4*>(w + t * TILE + ((g ^ sw) * 16));
+      const uint4 wb = *reinterpret_cast<const uint4*>(w + (t + 4) * TILE + ((g ^ sw) * 16));
+      chunk_compute(wa, wb, ss, zz, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, acc, mma_acc);
+    }
+    __syncthreads();
   }
 }
 
@@ -276,7 +403,8 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // prefetchable (its weights do not depend on data of this launch).
 KT_DEV int split_for(int tiles, int chunks, int extra_items) {
   int s = (int(gridDim.x) * KT_WAVES - extra_items) / tiles;
-  int most = chunks / WARPS > 0 ? chunks / WARPS : 1;
+  // Staged items are whole groups; register items give each warp a chunk.
+  int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
   s = s < 1 ? 1 : s;
   s = s > most ? most : s;
   while (tiles * s > kMaxItems) --s;
@@ -286,14 +414,20 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
 template <class P>
 KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
   const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
-  const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
-  p.stage(c, tile, kc0, kc1);
-  const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
   float acc[16], mma_acc[8][4], out[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+#if KT_STAGES > 0
+  const int ng = nch / STAGE_CHUNKS;
+  const int g0 = split * ng / S, g1 = (split + 1) * ng / S;
+  p.stage(c, tile, g0 * STAGE_CHUNKS, g1 * STAGE_CHUNKS);
+  gemv_staged(c, p, tile, g0, g1, acc, mma_acc);
+#else
+  const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
+  p.stage(c, tile, kc0, kc1);
+  const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
   for (int kc = wc0; kc < wc1;) {
     const int s = kc / segc, l0 = kc % segc;
     const int l1 = (l0 + (wc1 - kc)) < segc ? (l0 + (wc1 - kc)) : segc;
@@ -302,6 +436,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
     gemv_accumulate(sg, l0, l1, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
     kc += l1 - l0;
   }
+#endif
   gemv_finish(acc, mma_acc, out);
   const int g = c.lane >> 2, t = c.lane & 3;
   if (t == 0) {
@@ -341,7 +476,8 @@ KT_DEV void prefetch_phase(Ctx& c, P& p, int extra_items) {
   for (int it = blockIdx.x; it < tiles * S; it += gridDim.x) {
     const int tile = it / S, split = it % S;
     const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
-    const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
+    const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // splits fall on whole groups when staged
+    const int kc0 = split * (nch / unit) / S * unit, kc1 = (split + 1) * (nch / unit) / S * unit;
     for (int kp = kc0 * 8 + c.tid; kp < kc1 * 8; kp += THREADS) {
       const int s = kp / (segc * 8), lp = kp % (segc * 8);
       const Seg sg = p.seg(tile, s);
@@ -592,65 +728,134 @@ KT_DEV int attn_chunks(int rows) {
   return n < 1 ? 1 : n;
 }
 
-// Attention partials: item (head group, row chunk); each warp one head at a
-// time with an online softmax; lane covers R/32 latent and 2 rope dims.
+// Attention partials (v2): an item is (head group, chunk of cached rows).
+// The block streams the chunk through shared memory in tiles of ATT_ROWS
+// rows (cp.async, ATT_STAGES deep, so the next tiles load while this one is
+// used); each warp keeps an online softmax for its heads and takes rows four
+// at a time, so the four dot products' warp reductions overlap.
+// Lane dims: PIECE consecutive latent dims per piece, pieces 32 * PIECE
+// apart (each warp-wide load is contiguous), plus 2 rope dims.
+constexpr int LPL = R / 32;
+constexpr int PIECE = LPL < 8 ? LPL : 8, PIECES = LPL / PIECE;
+constexpr int HPW = (HG + WARPS - 1) / WARPS;  // heads per warp
+static_assert(HPW <= 4, "at most 4 heads per warp in an attention item");
+
+KT_DEV int lane_dim(int lane, int d) { return (d / PIECE) * 32 * PIECE + lane * PIECE + d % PIECE; }
+
+KT_DEV void issue_att_tile(Ctx& c, AttTile& tile, const KtMlaLayer& L, int t0, int rows) {
+  constexpr int CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
+  for (int i = c.tid; i < ATT_ROWS * (CP + KP); i += THREADS) {
+    const int r = i / (CP + KP), q = i % (CP + KP);
+    const bool valid = r < rows;
+    if (q < CP) kt_cp_async16(&tile.c[r][q * 8], valid ? L.c_kv + size_t(t0 + r) * R + q * 8 : L.c_kv, valid);
+    else
+      kt_cp_async16(&tile.k[r][(q - CP) * 8], valid ? L.k_rope + size_t(t0 + r) * ROPE + (q - CP) * 8 : L.k_rope,
+                    valid);
+  }
+}
+
+KT_DEV void row_values(const AttTile& tile, int r, int lane, float (&cv)[LPL]) {
+#pragma unroll
+  for (int p = 0; p < PIECES; ++p) {
+    const uint16_t* src = &tile.c[r][p * 32 * PIECE + lane * PIECE];
+#pragma unroll
+    for (int e = 0; e < PIECE; e += 2) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(src + e);
+      cv[p * PIECE + e] = kt_lo(w);
+      cv[p * PIECE + e + 1] = kt_hi(w);
+    }
+  }
+}
+
 KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
-  constexpr int LPL = R / 32;
   const int rows = pos + 1, nch = attn_chunks(rows), groups = MH / HG;
   const int items = groups * nch;
+  AttTile* tiles = reinterpret_cast<AttTile*>(c.sm->pipe);
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int hg = it / nch, ch = it % nch;
     const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
-    for (int hl = c.warp; hl < HG; hl += WARPS) {
-      const int h = hg * HG + hl;
-      float qa[LPL], acc[LPL];
+    const int ntiles = (r1 - r0 + ATT_ROWS - 1) / ATT_ROWS;
+    // This warp's heads: hg * HG + warp + WARPS * i.
+    float qa[HPW][LPL], acc[HPW][LPL], qr[HPW][2], m[HPW], l[HPW];
+#pragma unroll
+    for (int i = 0; i < HPW; ++i) {
+      const int h = hg * HG + c.warp + WARPS * i;
+      m[i] = -INFINITY;
+      l[i] = 0;
 #pragma unroll
       for (int d = 0; d < LPL; ++d) {
-        qa[d] = kt_ld_cg(&c.s->q_abs[h * R + c.lane * LPL + d]);
-        acc[d] = 0;
+        qa[i][d] = c.warp + WARPS * i < HG ? kt_ld_cg(&c.s->q_abs[h * R + lane_dim(c.lane, d)]) : 0.0f;
+        acc[i][d] = 0;
       }
-      const float qr0 = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + NOPE + 2 * c.lane])) * kQkScale;
-      const float qr1 = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + NOPE + 2 * c.lane + 1])) * kQkScale;
-      float m = -INFINITY, l = 0;
-      for (int t = r0; t < r1; ++t) {
-        const uint16_t* crow = L.c_kv + size_t(t) * R + c.lane * LPL;
-        const uint16_t* krow = L.k_rope + size_t(t) * ROPE + 2 * c.lane;
-        float cv[LPL];
-        float k0, k1;
-        if (t == pos) {  // written by this launch: read at L2
+      for (int e = 0; e < 2; ++e)
+        qr[i][e] = c.warp + WARPS * i < HG ? kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + NOPE + 2 * c.lane + e])) * kQkScale
+                                           : 0.0f;
+    }
+    for (int s = 0; s < ATT_STAGES - 1; ++s) {
+      if (s < ntiles) issue_att_tile(c, tiles[s % ATT_STAGES], L, r0 + s * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS));
+      kt_cp_async_commit();
+    }
+    for (int s = 0; s < ntiles; ++s) {
+      const int sn = s + ATT_STAGES - 1;
+      if (sn < ntiles) issue_att_tile(c, tiles[sn % ATT_STAGES], L, r0 + sn * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - sn * ATT_ROWS));
+      kt_cp_async_commit();
+      kt_cp_async_wait<ATT_STAGES - 1>();
+      __syncthreads();
+      const AttTile& tile = tiles[s % ATT_STAGES];
+      const int rows_here = imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS);
 #pragma unroll
-          for (int d = 0; d < LPL; ++d) cv[d] = kt_bf2f(kt_ld_cg(crow + d));
-          k0 = kt_bf2f(kt_ld_cg(krow));
-          k1 = kt_bf2f(kt_ld_cg(krow + 1));
-        } else {
+      for (int i = 0; i < HPW; ++i) {
+        if (c.warp + WARPS * i >= HG) break;
+        for (int rr = 0; rr < rows_here; rr += 4) {
+          float sc[4];
 #pragma unroll
-          for (int d = 0; d < LPL; d += 2) {
-            const uint32_t p = *reinterpret_cast<const uint32_t*>(crow + d);
-            cv[d] = kt_lo(p);
-            cv[d + 1] = kt_hi(p);
+          for (int q = 0; q < 4; ++q) {
+            const int r = rr + q < rows_here ? rr + q : rows_here - 1;
+            float cv[LPL];
+            row_values(tile, r, c.lane, cv);
+            const uint32_t kw = *reinterpret_cast<const uint32_t*>(&tile.k[r][2 * c.lane]);
+            float v = qr[i][0] * kt_lo(kw) + qr[i][1] * kt_hi(kw);
+#pragma unroll
+            for (int d = 0; d < LPL; ++d) v += qa[i][d] * cv[d];
+            sc[q] = v;
           }
-          const uint32_t kp = *reinterpret_cast<const uint32_t*>(krow);
-          k0 = kt_lo(kp);
-          k1 = kt_hi(kp);
+#pragma unroll
+          for (int mask = 16; mask >= 1; mask >>= 1)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) sc[q] += __shfl_xor_sync(0xffffffffu, sc[q], mask);
+          float mn = m[i];
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            if (rr + q < rows_here) mn = fmaxf(mn, sc[q]);
+          const float corr = expf(m[i] - mn);
+          l[i] *= corr;
+#pragma unroll
+          for (int d = 0; d < LPL; ++d) acc[i][d] *= corr;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (rr + q >= rows_here) break;
+            const float p = expf(sc[q] - mn);
+            float cv[LPL];
+            row_values(tile, rr + q, c.lane, cv);
+            l[i] += p;
+#pragma unroll
+            for (int d = 0; d < LPL; ++d) acc[i][d] += p * cv[d];
+          }
+          m[i] = mn;
         }
-        float sc = qr0 * k0 + qr1 * k1;
-#pragma unroll
-        for (int d = 0; d < LPL; ++d) sc += qa[d] * cv[d];
-        sc = kt_warp_sum(sc);
-        const float mn = fmaxf(m, sc);
-        const float corr = expf(m - mn), p = expf(sc - mn);
-        l = l * corr + p;
-#pragma unroll
-        for (int d = 0; d < LPL; ++d) acc[d] = acc[d] * corr + p * cv[d];
-        m = mn;
       }
-      const int slot = ch * MH + h;
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < HPW; ++i) {
+      if (c.warp + WARPS * i >= HG) break;
+      const int h = hg * HG + c.warp + WARPS * i, slot = ch * MH + h;
       if (c.lane == 0) {
-        c.s->attn_m[slot] = m;
-        c.s->attn_l[slot] = l;
+        c.s->attn_m[slot] = m[i];
+        c.s->attn_l[slot] = l[i];
       }
 #pragma unroll
-      for (int d = 0; d < LPL; ++d) c.s->attn_acc[size_t(slot) * R + c.lane * LPL + d] = acc[d];
+      for (int d = 0; d < LPL; ++d) c.s->attn_acc[size_t(slot) * R + lane_dim(c.lane, d)] = acc[i][d];
     }
   }
 }
@@ -830,15 +1035,18 @@ struct DownPhase {
 KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
   RoutePhase route{L};
+  stamp(c, layer, 5);
   stage_rmsnorm(c, c.s->hbuf, Ly.moe_norm);
   run_gemv_phase(c, route);
   barrier(c);
+  stamp(c, layer, 6);
   select_experts(c, layer);
   GatePhase gate{L, c.sm->topk};  // xs still holds RMSNorm(h) from the route phase
   run_gemv_phase(c, gate);
   DownPhase down{L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
   prefetch_phase(c, down, 0);
   barrier(c);
+  stamp(c, layer, 7);
   run_gemv_phase(c, down);
 }
 
@@ -866,31 +1074,39 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
       QkvgPhase qkvg{L, layer};
+      stamp(c, layer, 0);
       stage_rmsnorm(c, x, Ly.attn_norm);
       run_gemv_phase(c, qkvg);
       barrier(c);
+      stamp(c, layer, 1);
       kda_phase(c, L);
       OprojPhase oproj{OneMatrix{L.o, D, C}, x, c.s->hbuf};
       prefetch_phase(c, oproj, 0);
       barrier(c);
+      stamp(c, layer, 4);
       stage_bf16(c, c.s->kda_o, C);
       run_gemv_phase(c, oproj);
     } else {
       const KtMlaLayer& L = Ly.mla;
       Mla1Phase mla1{L, pos};
+      stamp(c, layer, 0);
       stage_rmsnorm(c, x, Ly.attn_norm);
       run_gemv_phase(c, mla1);
       barrier(c);
+      stamp(c, layer, 1);
       qabs_phase(c, L);
       barrier(c);
+      stamp(c, layer, 2);
       attn_phase(c, L, pos);
       WuvPhase wuv{L, attn_chunks(pos + 1)};
       prefetch_phase(c, wuv, 0);
       barrier(c);
+      stamp(c, layer, 3);
       run_gemv_phase(c, wuv);
       OprojPhase oproj{OneMatrix{L.o, D, MO}, x, c.s->hbuf};
       prefetch_phase(c, oproj, 0);
       barrier(c);
+      stamp(c, layer, 4);
       stage_bf16(c, c.s->mla_o, MO);
       run_gemv_phase(c, oproj);
     }
@@ -899,6 +1115,10 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     barrier(c);
     moe_layer(c, layer, Ly, x_next);
   }
+  stamp(c, KT_LAYERS, 8);
+#if KT_BARRIER == 2
+  kt_grid_exit(&c.s->bar);
+#endif
 }
 
 KT_KERNEL_TABLE_BEGIN
