@@ -294,28 +294,30 @@ int run_bench(const BenchOptions& o) {
                   r.ok ? "" : ("  [" + r.m.outcome + ": " + r.m.error.substr(0, 80) + "]").c_str());
     }
   }
-  // Where a step's time goes: the megakernel rebuilt with profile stamps,
-  // stepped at each context; a phase's time runs from its start to the next
-  // phase's start (its barrier wait included).
-  if (m.ok && rows.back().name == "megakernel" && o.variant.empty() && mega->space.find("profile")) {
-    json pk = mega->space.complete(knob_sets[0]);
+  // Where a step's time goes: each megakernel variant rebuilt with profile
+  // stamps, stepped at each context; a phase's time runs from its start to
+  // the next phase's start (its barrier wait included).
+  results["profiles"] = json::array();
+  for (const Row& r : rows) {
+    if (&r == base || !r.ok || !o.variant.empty() || !mega->space.find("profile")) continue;
+    json pk = mega->space.complete(r.v.knobs);
     pk["profile"] = 1;
     Variant pv;
     sandbox::BuildResult pb;
-    if (render_variant(b.cfg, b.spec, *mega, pk, "", &pv, &err) && (pb = cache.build(b.spec.build_request(pv.source))).ok) {
-      json ctxs = json::array();
-      for (auto [ctx, steps] : b.cfg.timed_contexts) ctxs.push_back({ctx, steps});
-      measure::RunnerReply lr = b.runner.call({{"op", "load"}, {"artifact", pb.artifact}}, 60);
-      measure::RunnerReply pr = lr.ok ? b.runner.call({{"op", "profile"}, {"contexts", ctxs}, {"warmup", 5},
-                                                        {"samples", 20}}, 300)
-                                      : lr;
-      if (pr.ok) {
-        results["profile"] = pr.body["profiles"];
-        print_profile(pr.body["profiles"], b.cfg);
-      } else {
-        std::printf("profile failed: %s\n", pr.error.c_str());
-      }
+    if (!render_variant(b.cfg, b.spec, *mega, pk, "", &pv, &err) || !(pb = cache.build(b.spec.build_request(pv.source))).ok)
+      continue;
+    json ctxs = json::array();
+    for (auto [ctx, steps] : b.cfg.timed_contexts) ctxs.push_back({ctx, steps});
+    measure::RunnerReply lr = b.runner.call({{"op", "load"}, {"artifact", pb.artifact}}, 60);
+    measure::RunnerReply pr =
+        lr.ok ? b.runner.call({{"op", "profile"}, {"contexts", ctxs}, {"warmup", 5}, {"samples", 20}}, 300) : lr;
+    if (!pr.ok) {
+      std::printf("profile of %s failed: %s\n", r.name.c_str(), pr.error.c_str());
+      continue;
     }
+    results["profiles"].push_back({{"variant", r.name}, {"knobs", r.v.knobs}, {"profiles", pr.body["profiles"]}});
+    std::printf("\n%s %s", r.name.c_str(), r.v.knobs.dump().c_str());
+    print_profile(pr.body["profiles"], b.cfg);
   }
   if (!o.json_out.empty()) {
     std::string e;

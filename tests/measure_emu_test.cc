@@ -84,6 +84,7 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
                      {{"threads", 512}, {"unroll", 8}, {"waves", 4}, {"attn_heads", 4}, {"load_hint", "plain"},
                       {"prefetch", 0}, {"barrier", "coop"}, {"stages", 0}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 2}, {"stages", 6}, {"barrier", "counter"}});
+  golden_through_emu("kimi-top8.safetensors", {{"early", 0}, {"barrier", "atomic"}});
   unsetenv("KTUNE_EMU_SMS");
 }
 

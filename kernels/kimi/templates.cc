@@ -16,7 +16,7 @@ KnobSpace cuda_mega_space() {
       {"threads", "KT_THREADS", {128, 256, 512}, 256, "threads per block (4, 8 or 16 warps)"},
       {"blocks_per_sm", "KT_BLOCKS_PER_SM", {1, 2}, 1,
        "co-resident blocks per SM; 2 halves the register budget per thread"},
-      {"barrier", "KT_BARRIER", {"atomic", "coop", "counter"}, "atomic",
+      {"barrier", "KT_BARRIER", {"atomic", "coop", "counter"}, "counter",
        "grid barrier: a counter + generation word, cooperative_groups grid.sync(), or one monotonic counter "
        "per launch (one atomic per block per barrier)"},
       {"dequant", "KT_DEQUANT", {"fma", "mma"}, "mma",
@@ -31,6 +31,8 @@ KnobSpace cuda_mega_space() {
       {"stages", "KT_STAGES", {0, 2, 3, 4, 6}, 4,
        "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async pipeline through shared "
        "memory, one quantization group per stage"},
+      {"early", "KT_EARLY", {0, 1}, 1,
+       "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   s.constraint = [](const json& p, std::string* why) {

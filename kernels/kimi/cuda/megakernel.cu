@@ -32,7 +32,8 @@
 // attention item), KT_WAVES (work items per block per phase, target),
 // KT_STAGES (0: weights loaded into registers as above; n > 0: streamed
 // through an n-deep cp.async pipeline in shared memory, one quantization
-// group per stage), KT_PROFILE (1: block 0 stamps the start of every phase
+// group per stage), KT_EARLY (1, with stages: the first stages of a block's
+// next GEMV item are issued before it waits at the barrier), KT_PROFILE (1: block 0 stamps the start of every phase
 // into args.trace, for `ktune bench`'s per-phase table).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
@@ -128,6 +129,7 @@ struct Ctx {
   int tid, lane, warp;
   unsigned target = 0;  // the counter barrier's next goal (thread 0)
   int stamp = 0;        // profile entries written
+  bool early = false;   // the first stages of this block's next GEMV item are already in flight
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase. The tag is
@@ -330,6 +332,18 @@ KT_DEV void issue_stage(Ctx& c, Stage& st, const Seg& sg, int group) {
 // Staged path: the item's groups [g0, g1) stream through KT_STAGES stages;
 // warp w takes chunks w, w + WARPS, ... of each stage. The segment of a
 // group comes from the phase (several experts form one k range).
+// Issues the first STAGES-1 stages of an item (one commit group each).
+template <class P>
+KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
+  Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
+  const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
+  for (int s = 0; s < STAGES - 1; ++s) {
+    const int grp = g0 + s;
+    if (grp < g1) issue_stage(c, stages[s % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
+    kt_cp_async_commit();
+  }
+}
+
 template <class P>
 KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
   Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
@@ -339,10 +353,9 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
     const int grp = g0 + s;
     issue_stage(c, stages[s % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
   };
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n) issue(s);
-    kt_cp_async_commit();
-  }
+  // Started before the barrier that preceded this phase (KT_EARLY), or now.
+  if (!c.early) stage_prologue(c, p, tile, g0, g1);
+  c.early = false;
   const int lane = c.lane, g = lane >> 2, t = lane & 3;
   for (int s = 0; s < n; ++s) {
     if (s + STAGES - 1 < n) issue(s + STAGES - 1);
@@ -490,6 +503,28 @@ KT_DEV void prefetch_phase(Ctx& c, P& p, int extra_items) {
   (void)c;
   (void)p;
   (void)extra_items;
+#endif
+}
+
+// KT_EARLY: before waiting at the barrier that precedes phase p, start
+// streaming the weights of this block's first item of p into shared memory
+// (weights do not depend on what the barrier waits for).
+template <class P>
+KT_DEV void early_issue(Ctx& c, P& p) {
+#if KT_STAGES > 0 && KT_EARLY
+  const int tiles = p.tiles(), rows = p.row_items();
+  const int nch = p.seg_chunks(0) * p.nseg(0);
+  const int S = split_for(tiles, nch, rows);
+  const int it = blockIdx.x;
+  if (it < tiles * S) {
+    const int tile = it / S, split = it % S, ng = nch / STAGE_CHUNKS;
+    __syncthreads();  // the shared-memory pipeline is free again
+    stage_prologue(c, p, tile, split * ng / S, (split + 1) * ng / S);
+    c.early = true;
+  }
+#else
+  (void)c;
+  (void)p;
 #endif
 }
 
@@ -1045,6 +1080,7 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
   run_gemv_phase(c, gate);
   DownPhase down{L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
   prefetch_phase(c, down, 0);
+  early_issue(c, down);
   barrier(c);
   stamp(c, layer, 7);
   run_gemv_phase(c, down);
@@ -1070,6 +1106,13 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     const KtLayer& Ly = a.layers[layer];
     const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
     uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
+    if (((KT_PATTERN_M >> layer) & 1) == 0) {
+      QkvgPhase first{Ly.kda, layer};
+      early_issue(c, first);
+    } else {
+      Mla1Phase first{Ly.mla, pos};
+      early_issue(c, first);
+    }
     if (layer > 0) barrier(c);
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
@@ -1082,6 +1125,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       kda_phase(c, L);
       OprojPhase oproj{OneMatrix{L.o, D, C}, x, c.s->hbuf};
       prefetch_phase(c, oproj, 0);
+      early_issue(c, oproj);
       barrier(c);
       stamp(c, layer, 4);
       stage_bf16(c, c.s->kda_o, C);
@@ -1100,11 +1144,13 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       attn_phase(c, L, pos);
       WuvPhase wuv{L, attn_chunks(pos + 1)};
       prefetch_phase(c, wuv, 0);
+      early_issue(c, wuv);
       barrier(c);
       stamp(c, layer, 3);
       run_gemv_phase(c, wuv);
       OprojPhase oproj{OneMatrix{L.o, D, MO}, x, c.s->hbuf};
       prefetch_phase(c, oproj, 0);
+      early_issue(c, oproj);
       barrier(c);
       stamp(c, layer, 4);
       stage_bf16(c, c.s->mla_o, MO);
@@ -1112,6 +1158,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     }
     RoutePhase next_route{Ly.moe};
     prefetch_phase(c, next_route, 0);
+    early_issue(c, next_route);
     barrier(c);
     moe_layer(c, layer, Ly, x_next);
   }
