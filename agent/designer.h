@@ -41,6 +41,11 @@ struct DesignContext {
   // The id a knob point of the megakernel template renders to (for
   // skipping measured points before proposing them).
   std::function<std::string(const json& knobs)> variant_id;
+  // Records an event of the designer's own in the session (e.g. "llm_call",
+  // see traces/events.h); the session stores it as it happens.
+  std::function<void(const std::string& kind, const json& data)> record;
+  // The attempt number the next proposal will get (for linking records).
+  int next_attempt = 0;
 };
 
 struct Proposal {

@@ -510,6 +510,8 @@ class Session {
     if (store_.measured_variants(opts_.task, opts_.backend, opts_.size, &earlier, &err))
       ctx.measured.insert(earlier.begin(), earlier.end());
     ctx.measured.insert(measured_.begin(), measured_.end());
+    ctx.next_attempt = next_seq_;
+    ctx.record = [this](const std::string& kind, const json& data) { emit_or_die(kind, 0, data); };
     ctx.variant_id = [this](const json& knobs) {
       Variant v;
       std::string e;
