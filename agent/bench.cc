@@ -99,7 +99,7 @@ json worst_cosines(const Measurement& m) {
 }
 
 const char* kPhaseNames[] = {"qkvg / q,kv_a", "kda / q_abs", "attention", "w_uv", "o_proj",
-                             "router + shared gate/up", "top-k + routed gate/up", "down", "end"};
+                             "moe gate/up: router, shared, top-k, routed", "(unused)", "down", "end"};
 
 // Mean time per phase over the profiled steps, per context.
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {

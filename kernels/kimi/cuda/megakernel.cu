@@ -66,6 +66,7 @@ struct alignas(16) Scratch {
   KtGridBarrier bar;
   unsigned pad[14];
   int counters[kMaxTiles];
+  unsigned router_done[KT_LAYERS];  // router logits written, per layer (reset when the launch ends)
   alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
   alignas(16) uint16_t hbuf[D];     // after attention, before the MoE
   alignas(16) uint16_t act[3][C];   // KDA q, k, v after conv + SiLU
@@ -130,6 +131,7 @@ struct Ctx {
   unsigned target = 0;  // the counter barrier's next goal (thread 0)
   int stamp = 0;        // profile entries written
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
+  bool routed = false;  // this block has selected the current MoE layer's experts
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase. The tag is
@@ -161,6 +163,16 @@ KT_DEV float block_sum(Ctx& c, float v) {
   __syncthreads();
   float t = 0;
   for (int w = 0; w < WARPS; ++w) t += c.sm->bsum[w];
+  return t;
+}
+
+KT_DEV float block_max(Ctx& c, float v) {
+  v = kt_warp_max(v);
+  __syncthreads();
+  if (c.lane == 0) c.sm->bsum[c.warp] = v;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int w = 0; w < WARPS; ++w) t = fmaxf(t, c.sm->bsum[w]);
   return t;
 }
 
@@ -205,20 +217,30 @@ struct Seg {
   int n0;  // the tile's first column in the matrix
 };
 
-// ss/zz for the 16 columns of this lane group at quantization group `grp`.
-KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
-  uint4 s[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, z[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+// The raw scales and zeros of this lane group's 16 columns at group `grp`
+// (four 16-byte loads, issued early), and their expansion to packed pairs
+// ss = (s, s), zz = (128 + z, 128 + z) once they arrive.
+struct RawScales {
+  uint4 s[2], z[2];
+};
+
+KT_DEV RawScales fetch_scales(const Seg& sg, int grp, int col, bool active) {
+  RawScales r = {{{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}};
   if (active) {
-    size_t off = size_t(grp) * sg.N + col;
-    s[0] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off);
-    s[1] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off + 8);
-    z[0] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off);
-    z[1] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off + 8);
+    const size_t off = size_t(grp) * sg.N + col;
+    r.s[0] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off);
+    r.s[1] = kt_ld_weights<KT_LOAD_HINT>(sg.sc + off + 8);
+    r.z[0] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off);
+    r.z[1] = kt_ld_weights<KT_LOAD_HINT>(sg.ze + off + 8);
   }
+  return r;
+}
+
+KT_DEV void expand_scales(const RawScales& r, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
 #pragma unroll
   for (int b = 0; b < 16; ++b) {
-    const uint4& sv = s[b / 8];
-    const uint4& zv = z[b / 8];
+    const uint4& sv = r.s[b / 8];
+    const uint4& zv = r.z[b / 8];
     uint32_t sw = (b % 8) / 2 == 0 ? sv.x : (b % 8) / 2 == 1 ? sv.y : (b % 8) / 2 == 2 ? sv.z : sv.w;
     uint32_t zw = (b % 8) / 2 == 0 ? zv.x : (b % 8) / 2 == 1 ? zv.y : (b % 8) / 2 == 2 ? zv.z : zv.w;
     uint32_t sb = (b & 1) ? (sw >> 16) : (sw & 0xffffu);
@@ -227,6 +249,10 @@ KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (
     ss[b] = active ? (sb | (sb << 16)) : 0u;
     zz[b] = active ? (zb | (zb << 16)) : 0u;
   }
+}
+
+KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
+  expand_scales(fetch_scales(sg, grp, col, active), active, ss, zz);
 }
 
 KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
@@ -284,6 +310,12 @@ KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, c
   int cur_group = -1;
   constexpr int U = KT_UNROLL;
   for (int l = l0; l < l1; l += U) {
+    // A batch of U chunks spans at most two quantization groups: their
+    // scales are requested with the weights, so no load waits mid-batch.
+    const int g_first = l * CHUNK / G, g_last = (imin(l + U, l1) - 1) * CHUNK / G;
+    RawScales rs0, rs1;
+    if (g_first != cur_group) rs0 = fetch_scales(sg, g_first, col, active);
+    if (g_last != g_first) rs1 = fetch_scales(sg, g_last, col, active);
     uint4 wa[U], wb[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -297,14 +329,17 @@ KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, c
         wb[u] = make_uint4(0, 0, 0, 0);
       }
     }
+    if (g_first != cur_group) {
+      expand_scales(rs0, active, ss, zz);
+      cur_group = g_first;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int lc = l + u;
       if (lc >= l1) break;
-      const int grp = lc * CHUNK / G;
-      if (grp != cur_group) {
-        load_scales(sg, grp, col, active, ss, zz);
-        cur_group = grp;
+      if (lc * CHUNK / G != cur_group) {
+        expand_scales(rs1, active, ss, zz);
+        cur_group = g_last;
       }
       chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
     }
@@ -481,12 +516,14 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
 
 // Prefetches into L2 the weight rows this block will read in phase p.
 template <class P>
-KT_DEV void prefetch_phase(Ctx& c, P& p, int extra_items) {
+KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
   const int tiles = p.tiles();
   const int segc0 = p.seg_chunks(0);
-  const int S = split_for(tiles, segc0 * p.nseg(0), extra_items);
-  for (int it = blockIdx.x; it < tiles * S; it += gridDim.x) {
+  const int rows = p.row_items();
+  const int S = split_for(tiles, segc0 * p.nseg(0), rows);
+  for (int it = int(blockIdx.x) - rows; it < tiles * S; it += gridDim.x) {
+    if (it < 0 || !p.static_weights(it / S)) continue;
     const int tile = it / S, split = it % S;
     const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
     const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // splits fall on whole groups when staged
@@ -502,7 +539,6 @@ KT_DEV void prefetch_phase(Ctx& c, P& p, int extra_items) {
 #else
   (void)c;
   (void)p;
-  (void)extra_items;
 #endif
 }
 
@@ -515,8 +551,8 @@ KT_DEV void early_issue(Ctx& c, P& p) {
   const int tiles = p.tiles(), rows = p.row_items();
   const int nch = p.seg_chunks(0) * p.nseg(0);
   const int S = split_for(tiles, nch, rows);
-  const int it = blockIdx.x;
-  if (it < tiles * S) {
+  const int it = int(blockIdx.x) - rows;
+  if (it >= 0 && it < tiles * S && p.static_weights(it / S)) {
     const int tile = it / S, split = it % S, ng = nch / STAGE_CHUNKS;
     __syncthreads();  // the shared-memory pipeline is free again
     stage_prologue(c, p, tile, split * ng / S, (split + 1) * ng / S);
@@ -528,14 +564,21 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 #endif
 }
 
+// A phase's items: its row items first (small, and others may wait for
+// them), then its tiles x S k-splits.
 template <class P>
 KT_DEV void run_gemv_phase(Ctx& c, P& p) {
   const int tiles = p.tiles(), rows = p.row_items();
   const int S = split_for(tiles, p.seg_chunks(0) * p.nseg(0), rows);
   const int items = tiles * S + rows;
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
-    if (it < tiles * S) gemv_item(c, p, it / S, it % S, S);
-    else p.row_item(c, it - tiles * S);
+    if (it < rows) {
+      p.row_item(c, it);
+      continue;
+    }
+    const int tile = (it - rows) / S;
+    p.before_tile(c, tile);
+    gemv_item(c, p, tile, (it - rows) % S, S);
   }
 }
 
@@ -571,8 +614,18 @@ KT_DEV void rope_pair(float y0, float y1, int pos, int i, uint16_t* out) {
   out[1] = kt_f2bf(float(x1 * co + x0 * s));
 }
 
+// What a GEMV phase has unless it says otherwise: no row items, its input
+// staged once for the phase, and weights known before the phase starts.
+struct PhaseDefaults {
+  KT_DEV int row_items() const { return 0; }
+  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV void stage(Ctx&, int, int, int) {}
+  KT_DEV void before_tile(Ctx&, int) {}
+  KT_DEV bool static_weights(int) const { return true; }
+};
+
 // ---- K layer ------------------------------------------------------------------
-struct QkvgPhase {
+struct QkvgPhase : PhaseDefaults {
   const KtKdaLayer& L;
   int layer;
   KT_DEV int tiles() const { return 4 * (C / TILE); }
@@ -583,7 +636,6 @@ struct QkvgPhase {
     const KtW4& w = m == 0 ? L.q : m == 1 ? L.k : m == 2 ? L.v : L.g;
     return Seg{w.w_q, w.scales, w.zeros, C, (tile % (C / TILE)) * TILE};
   }
-  KT_DEV void stage(Ctx&, int, int, int) {}
   KT_DEV int row_items() const { return (KH + WARPS - 1) / WARPS; }
   KT_DEV void row_item(Ctx& c, int item) {
     const int h = item * WARPS + c.warp;
@@ -661,7 +713,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L) {
 }
 
 // o_proj: input staged once (bf16 [K]), output h = x + bf16(y).
-struct OprojPhase {
+struct OprojPhase : PhaseDefaults {
   OneMatrix m;
   const uint16_t* x;
   uint16_t* out;
@@ -669,9 +721,6 @@ struct OprojPhase {
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
   KT_DEV Seg seg(int tile, int) const { return m.seg_at(tile); }
-  KT_DEV void stage(Ctx&, int, int, int) {}
-  KT_DEV int row_items() const { return 0; }
-  KT_DEV void row_item(Ctx&, int) {}
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     if (c.tid < TILE) {
       const int n = tile * TILE + c.tid;
@@ -681,7 +730,7 @@ struct OprojPhase {
 };
 
 // ---- M layer ------------------------------------------------------------------
-struct Mla1Phase {
+struct Mla1Phase : PhaseDefaults {
   const KtMlaLayer& L;
   int pos;
   static constexpr int QT = QDIM / TILE, KT = (KVA + TILE - 1) / TILE;
@@ -692,9 +741,6 @@ struct Mla1Phase {
     if (tile < QT) return Seg{L.q.w_q, L.q.scales, L.q.zeros, QDIM, tile * TILE};
     return Seg{L.kv_a.w_q, L.kv_a.scales, L.kv_a.zeros, KVA, (tile - QT) * TILE};
   }
-  KT_DEV void stage(Ctx&, int, int, int) {}
-  KT_DEV int row_items() const { return 0; }
-  KT_DEV void row_item(Ctx&, int) {}
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     if (c.tid >= TILE) return;
     const int cidx = c.tid;
@@ -897,7 +943,7 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
 
 // o[h] = W_UV[h]^T o_lat[h]: one tile per head; the input (the combined
 // attention partials for the item's latent rows) is staged per item.
-struct WuvPhase {
+struct WuvPhase : PhaseDefaults {
   const KtMlaLayer& L;
   int nch;
   KT_DEV int tiles() const { return MH; }
@@ -906,11 +952,14 @@ struct WuvPhase {
   KT_DEV Seg seg(int h, int) const {
     return Seg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, h * (NOPE + VH) + NOPE};
   }
-  KT_DEV int row_items() const { return 0; }
-  KT_DEV void row_item(Ctx&, int) {}
+  // The combined o_lat[h] for the item's rows: sum over chunks of
+  // exp(m_c - M) acc_c / sum exp(m_c - M) l_c. Loads are spread so that no
+  // thread walks all chunks one after another: SUB threads share a pair of
+  // rows and split the chunks, then add up with shuffles.
   KT_DEV void stage(Ctx& c, int h, int kc0, int kc1) {
     float mx = -INFINITY;
-    for (int ch = 0; ch < nch; ++ch) mx = fmaxf(mx, kt_ld_cg(&c.s->attn_m[ch * MH + h]));
+    for (int ch = c.tid; ch < nch; ch += THREADS) mx = fmaxf(mx, kt_ld_cg(&c.s->attn_m[ch * MH + h]));
+    mx = block_max(c, mx);
     float den = 0;
     for (int ch = c.tid; ch < nch; ch += THREADS) {
       const float w = expf(kt_ld_cg(&c.s->attn_m[ch * MH + h]) - mx);
@@ -918,14 +967,26 @@ struct WuvPhase {
       den += w * kt_ld_cg(&c.s->attn_l[ch * MH + h]);
     }
     den = block_sum(c, den);
-    for (int p = kc0 * 8 + c.tid; p < kc1 * 8; p += THREADS) {
+    const int pairs = (kc1 - kc0) * 8;
+    int sub = 1;
+    while (sub < 32 && pairs * sub * 2 <= THREADS) sub *= 2;
+    // Warp-uniform trips (the shuffles need every lane); `valid` guards the work.
+    for (int base0 = c.tid - c.lane; base0 < pairs * sub; base0 += THREADS) {
+      const int base = base0 + c.lane;
+      const bool valid = base < pairs * sub;
+      const int p = kc0 * 8 + base / sub, part = base % sub;
       float v0 = 0, v1 = 0;
-      for (int ch = 0; ch < nch; ++ch) {
+#pragma unroll 4
+      for (int ch = part; valid && ch < nch; ch += sub) {
         const float* a = &c.s->attn_acc[size_t(ch * MH + h) * R + 2 * p];
         v0 += c.sm->cw[ch] * kt_ld_cg(a);
         v1 += c.sm->cw[ch] * kt_ld_cg(a + 1);
       }
-      stage_f32_pair(c, p, v0 / den, v1 / den);
+      for (int m = sub / 2; m >= 1; m >>= 1) {
+        v0 += __shfl_xor_sync(0xffffffffu, v0, m);
+        v1 += __shfl_xor_sync(0xffffffffu, v1, m);
+      }
+      if (valid && part == 0) stage_f32_pair(c, p, v0 / den, v1 / den);
     }
     __syncthreads();
   }
@@ -935,66 +996,58 @@ struct WuvPhase {
 };
 
 // ---- MoE ---------------------------------------------------------------------------
-// Shared experts' gate/up (tiles) and the router logits (row items).
-struct RoutePhase {
-  const KtMoeLayer& L;
-  static constexpr int IT = I / TILE;
-  KT_DEV int tiles() const { return NSH * 2 * IT; }
-  KT_DEV int nseg(int) const { return 1; }
-  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
-  KT_DEV Seg seg(int tile, int) const {
-    const int sh = tile / (2 * IT), up = (tile / IT) % 2;
-    const KtW4& w = up ? L.s_up : L.s_gate;
-    const size_t e = size_t(sh);
-    return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I,
-               (tile % IT) * TILE};
-  }
-  KT_DEV void stage(Ctx&, int, int, int) {}
-  KT_DEV int row_items() const { return (E + WARPS - 1) / WARPS; }
-  KT_DEV void row_item(Ctx& c, int item) {
-    const int e = item * WARPS + c.warp;
-    if (e < E) {
-      const float v = row_dot(c, L.router + size_t(e) * D);
-      if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
-    }
-  }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
-    const int sh = tile / (2 * IT), up = (tile / IT) % 2;
-    if (c.tid < TILE) c.s->gu[((TOPK + sh) * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
-  }
-};
-
-// Every block selects the same experts from the logits. Fast path: rank by
-// value; when equal logits straddle the top-k boundary, the exact order of
+// Every block selects the same experts from the logits: warp 0 sorts them
+// (a bitonic sort of 64 keys, two per lane, by value and then index), the
+// first n_active are the experts. Only when equal logits straddle the top-k
+// boundary does the set depend on the tie order: then the exact order of
 // PyTorch's CPU top-k decides (topk.h), as in the oracle.
+KT_DEV bool comes_first(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
+
 KT_DEV void select_experts(Ctx& c, int layer) {
+  static_assert(E <= 64 && TOPK < 32, "the expert sort holds 64 keys in one warp");
   if (c.warp == 0) {
-    float pmax = -INFINITY;
-    for (int e = c.lane; e < E; e += 32) {
-      c.sm->lv[e] = kt_bf2f(kt_ld_cg(&c.s->logits[e]));
-      pmax = fmaxf(pmax, c.sm->lv[e]);
+    float v[2];
+    int id[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      id[r] = c.lane + 32 * r;
+      v[r] = id[r] < E ? kt_bf2f(kt_ld_cg(&c.s->logits[id[r]])) : -INFINITY;
     }
-    pmax = kt_warp_max(pmax);
-    __syncwarp();
-    float total = 0;
-    for (int e = c.lane; e < E; e += 32) total += expf(c.sm->lv[e] - pmax);
-    total = kt_warp_sum(total);
-    // rank = number of strictly greater values; ambiguous when equal values
-    // straddle the boundary or tie inside the selection.
-    bool ambiguous = false;
-    for (int e = c.lane; e < E; e += 32) {
-      int greater = 0, equal_before = 0, equal = 0;
-      for (int f = 0; f < E; ++f) {
-        greater += c.sm->lv[f] > c.sm->lv[e];
-        equal += c.sm->lv[f] == c.sm->lv[e];
-        equal_before += (c.sm->lv[f] == c.sm->lv[e]) && f < e;
+    for (int k = 2; k <= 64; k <<= 1)
+      for (int j = k >> 1; j >= 1; j >>= 1) {
+        if (j == 32) {  // partners in one lane: element lane (lower) and lane + 32
+          if (!comes_first(v[0], id[0], v[1], id[1])) {
+            const float tv = v[0];
+            v[0] = v[1];
+            v[1] = tv;
+            const int ti = id[0];
+            id[0] = id[1];
+            id[1] = ti;
+          }
+          continue;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float pv = __shfl_xor_sync(0xffffffffu, v[r], j);
+          const int pi = __shfl_xor_sync(0xffffffffu, id[r], j);
+          const int i = c.lane + 32 * r;
+          const bool lower = (i & j) == 0, ordered = (i & k) == 0;
+          const bool mine_first = comes_first(v[r], id[r], pv, pi);
+          if ((lower == ordered) != mine_first) {
+            v[r] = pv;
+            id[r] = pi;
+          }
+        }
       }
-      if (greater < TOPK && greater + equal > TOPK) ambiguous = true;
-      if (greater < TOPK && !ambiguous) c.sm->topk[greater + equal_before] = e;
-    }
-    ambiguous = __any_sync(0xffffffffu, ambiguous);
+    const float pmax = __shfl_sync(0xffffffffu, v[0], 0);
+    const float total = kt_warp_sum(expf(v[0] - pmax) + expf(v[1] - pmax));
+    const float last_in = __shfl_sync(0xffffffffu, v[0], TOPK - 1), first_out = __shfl_sync(0xffffffffu, v[0], TOPK);
+    if (c.lane < TOPK) c.sm->topk[c.lane] = id[0];
+    if (c.lane < E) c.sm->lv[c.lane] = kt_bf2f(kt_ld_cg(&c.s->logits[c.lane]));
+    if (c.lane + 32 < E) c.sm->lv[c.lane + 32] = kt_bf2f(kt_ld_cg(&c.s->logits[c.lane + 32]));
     __syncwarp();
-    if (ambiguous && c.lane == 0) ktune::kimi::torch_topk(c.sm->lv, E, TOPK, c.sm->topk, c.sm->items);
+    if (last_in == first_out && TOPK < E && c.lane == 0)
+      ktune::kimi::torch_topk(c.sm->lv, E, TOPK, c.sm->topk, c.sm->items);
     __syncwarp();
     float wsum = 0;
     for (int j = 0; j < TOPK; ++j) wsum += expf(c.sm->lv[c.sm->topk[j]] - pmax) / total;
@@ -1007,32 +1060,71 @@ KT_DEV void select_experts(Ctx& c, int layer) {
   __syncthreads();
 }
 
-struct GatePhase {
+// The MoE's first half in one phase: the router logits (row items, done
+// first), the shared experts' gate/up tiles, and the routed experts'
+// gate/up tiles. A block reaching its first routed tile waits until all
+// router rows are written (a counter, not a grid barrier), then selects the
+// experts itself.
+struct MoeAPhase : PhaseDefaults {
   const KtMoeLayer& L;
-  const int* topk;
-  static constexpr int IT = I / TILE;
-  KT_DEV int tiles() const { return TOPK * 2 * IT; }
+  int layer;
+  static constexpr int IT = I / TILE, SHARED_TILES = NSH * 2 * IT;
+  KT_DEV int tiles() const { return SHARED_TILES + TOPK * 2 * IT; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
-  KT_DEV Seg seg(int tile, int) const {
-    const int j = tile / (2 * IT), up = (tile / IT) % 2;
-    const KtW4& w = up ? L.up : L.gate;
-    const size_t e = size_t(topk[j]);
-    return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I,
-               (tile % IT) * TILE};
+  KT_DEV bool static_weights(int tile) const { return tile < SHARED_TILES; }
+  // slot: the expert's position (routed 0..TOPK-1, shared TOPK..); up: gate 0 / up 1.
+  KT_DEV void slot_of(int tile, int* slot, int* up) const {
+    const int t = tile < SHARED_TILES ? tile : tile - SHARED_TILES;
+    *slot = (t / (2 * IT)) + (tile < SHARED_TILES ? TOPK : 0);
+    *up = (t / IT) % 2;
   }
-  KT_DEV void stage(Ctx&, int, int, int) {}
-  KT_DEV int row_items() const { return 0; }
-  KT_DEV void row_item(Ctx&, int) {}
+  KT_DEV Seg seg(int tile, int) const;  // needs the block's routing (see before_tile)
+  const int* topk = nullptr;
+  KT_DEV int row_items() const { return (E + WARPS - 1) / WARPS; }
+  KT_DEV void row_item(Ctx& c, int item) {
+    const int e = item * WARPS + c.warp;
+    if (e < E) {
+      const float v = row_dot(c, L.router + size_t(e) * D);
+      if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
+    }
+    __syncthreads();
+    if (c.tid == 0) {
+      __threadfence();
+      atomicAdd(&c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
+    }
+  }
+  KT_DEV void before_tile(Ctx& c, int tile) {
+    if (tile >= SHARED_TILES) route(c);
+  }
+  // Waits for the router logits, then selects this layer's experts (once).
+  KT_DEV void route(Ctx& c) {
+    if (c.routed) return;
+    if (c.tid == 0)
+      while (kt_ld_acquire(&c.s->router_done[layer]) < unsigned(E)) __nanosleep(32);
+    __syncthreads();
+    select_experts(c, layer);
+    c.routed = true;
+  }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
-    const int j = tile / (2 * IT), up = (tile / IT) % 2;
-    if (c.tid < TILE) c.s->gu[(j * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
+    int slot, up;
+    slot_of(tile, &slot, &up);
+    if (c.tid < TILE) c.s->gu[(slot * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
   }
 };
 
+KT_DEV Seg MoeAPhase::seg(int tile, int) const {
+  int slot, up;
+  slot_of(tile, &slot, &up);
+  const bool shared = slot >= TOPK;
+  const KtW4& w = shared ? (up ? L.s_up : L.s_gate) : (up ? L.up : L.gate);
+  const size_t e = shared ? size_t(slot - TOPK) : size_t(topk[slot]);
+  return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I, (tile % IT) * TILE};
+}
+
 // All experts' down projections as one GEMV over the concatenated
 // activations, each pre-scaled by its routing weight; output x = h + bf16(y).
-struct DownPhase {
+struct DownPhase : PhaseDefaults {
   const KtMoeLayer& L;
   const int* topk;
   const float* topw;
@@ -1047,8 +1139,6 @@ struct DownPhase {
     const size_t e = shared ? size_t(s - TOPK) : size_t(topk[s]);
     return Seg{w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE};
   }
-  KT_DEV int row_items() const { return 0; }
-  KT_DEV void row_item(Ctx&, int) {}
   KT_DEV void stage(Ctx& c, int, int kc0, int kc1) {
     for (int p = kc0 * 8 + c.tid; p < kc1 * 8; p += THREADS) {
       const int k = 2 * p, s = k / I, i = k % I;
@@ -1069,17 +1159,14 @@ struct DownPhase {
 
 KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
-  RoutePhase route{L};
+  MoeAPhase moe_a{{}, L, layer, c.sm->topk};
   stamp(c, layer, 5);
   stage_rmsnorm(c, c.s->hbuf, Ly.moe_norm);
-  run_gemv_phase(c, route);
-  barrier(c);
-  stamp(c, layer, 6);
-  select_experts(c, layer);
-  GatePhase gate{L, c.sm->topk};  // xs still holds RMSNorm(h) from the route phase
-  run_gemv_phase(c, gate);
-  DownPhase down{L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
-  prefetch_phase(c, down, 0);
+  c.routed = false;
+  run_gemv_phase(c, moe_a);
+  moe_a.route(c);  // every block needs the routing for the down phase
+  DownPhase down{{}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
+  prefetch_phase(c, down);
   early_issue(c, down);
   barrier(c);
   stamp(c, layer, 7);
@@ -1107,24 +1194,24 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
     uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
-      QkvgPhase first{Ly.kda, layer};
+      QkvgPhase first{{}, Ly.kda, layer};
       early_issue(c, first);
     } else {
-      Mla1Phase first{Ly.mla, pos};
+      Mla1Phase first{{}, Ly.mla, pos};
       early_issue(c, first);
     }
     if (layer > 0) barrier(c);
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
-      QkvgPhase qkvg{L, layer};
+      QkvgPhase qkvg{{}, L, layer};
       stamp(c, layer, 0);
       stage_rmsnorm(c, x, Ly.attn_norm);
       run_gemv_phase(c, qkvg);
       barrier(c);
       stamp(c, layer, 1);
       kda_phase(c, L);
-      OprojPhase oproj{OneMatrix{L.o, D, C}, x, c.s->hbuf};
-      prefetch_phase(c, oproj, 0);
+      OprojPhase oproj{{}, OneMatrix{L.o, D, C}, x, c.s->hbuf};
+      prefetch_phase(c, oproj);
       early_issue(c, oproj);
       barrier(c);
       stamp(c, layer, 4);
@@ -1132,7 +1219,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       run_gemv_phase(c, oproj);
     } else {
       const KtMlaLayer& L = Ly.mla;
-      Mla1Phase mla1{L, pos};
+      Mla1Phase mla1{{}, L, pos};
       stamp(c, layer, 0);
       stage_rmsnorm(c, x, Ly.attn_norm);
       run_gemv_phase(c, mla1);
@@ -1142,30 +1229,36 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       barrier(c);
       stamp(c, layer, 2);
       attn_phase(c, L, pos);
-      WuvPhase wuv{L, attn_chunks(pos + 1)};
-      prefetch_phase(c, wuv, 0);
+      WuvPhase wuv{{}, L, attn_chunks(pos + 1)};
+      prefetch_phase(c, wuv);
       early_issue(c, wuv);
       barrier(c);
       stamp(c, layer, 3);
       run_gemv_phase(c, wuv);
-      OprojPhase oproj{OneMatrix{L.o, D, MO}, x, c.s->hbuf};
-      prefetch_phase(c, oproj, 0);
+      OprojPhase oproj{{}, OneMatrix{L.o, D, MO}, x, c.s->hbuf};
+      prefetch_phase(c, oproj);
       early_issue(c, oproj);
       barrier(c);
       stamp(c, layer, 4);
       stage_bf16(c, c.s->mla_o, MO);
       run_gemv_phase(c, oproj);
     }
-    RoutePhase next_route{Ly.moe};
-    prefetch_phase(c, next_route, 0);
-    early_issue(c, next_route);
+    MoeAPhase next_moe{{}, Ly.moe, layer, c.sm->topk};
+    prefetch_phase(c, next_moe);
+    early_issue(c, next_moe);
     barrier(c);
     moe_layer(c, layer, Ly, x_next);
   }
   stamp(c, KT_LAYERS, 8);
+  // The last block out resets the launch's counters for the next one.
+  __syncthreads();
+  if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
+    for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
 #if KT_BARRIER == 2
-  kt_grid_exit(&c.s->bar);
+    atomicExch(&c.s->bar.count, 0u);
 #endif
+    atomicExch(&c.s->bar.exits, 0u);
+  }
 }
 
 KT_KERNEL_TABLE_BEGIN
