@@ -28,7 +28,7 @@ KnobSpace cuda_mega_space() {
        "prefetch the next phase's weights into L2 before waiting at a grid barrier"},
       {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 8, "MLA heads per attention work item"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
-      {"stages", "KT_STAGES", {0, 2, 3, 4, 6}, 4,
+      {"stages", "KT_STAGES", {0, 2, 3, 4, 6}, 0,
        "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async pipeline through shared "
        "memory, one quantization group per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,

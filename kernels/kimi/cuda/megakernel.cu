@@ -310,12 +310,6 @@ KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, c
   int cur_group = -1;
   constexpr int U = KT_UNROLL;
   for (int l = l0; l < l1; l += U) {
-    // A batch of U chunks spans at most two quantization groups: their
-    // scales are requested with the weights, so no load waits mid-batch.
-    const int g_first = l * CHUNK / G, g_last = (imin(l + U, l1) - 1) * CHUNK / G;
-    RawScales rs0, rs1;
-    if (g_first != cur_group) rs0 = fetch_scales(sg, g_first, col, active);
-    if (g_last != g_first) rs1 = fetch_scales(sg, g_last, col, active);
     uint4 wa[U], wb[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -329,17 +323,14 @@ KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, c
         wb[u] = make_uint4(0, 0, 0, 0);
       }
     }
-    if (g_first != cur_group) {
-      expand_scales(rs0, active, ss, zz);
-      cur_group = g_first;
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int lc = l + u;
       if (lc >= l1) break;
-      if (lc * CHUNK / G != cur_group) {
-        expand_scales(rs1, active, ss, zz);
-        cur_group = g_last;
+      const int grp = lc * CHUNK / G;
+      if (grp != cur_group) {
+        load_scales(sg, grp, col, active, ss, zz);
+        cur_group = grp;
       }
       chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
     }
@@ -449,14 +440,24 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // stage(c, tile, kc0, kc1) (fill xs for that k range, or nothing when the
 // input was staged once for the phase), epilogue(c, tile, y), and
 // prefetchable (its weights do not depend on data of this launch).
+// The k-split of a phase's tiles: the S that minimises the phase's
+// makespan in tile units, ceil(items / blocks) / S, plus a small cost per
+// item (its partial sums and hand-off), within what the grid allows.
 KT_DEV int split_for(int tiles, int chunks, int extra_items) {
-  int s = (int(gridDim.x) * KT_WAVES - extra_items) / tiles;
   // Staged items are whole groups; register items give each warp a chunk.
   int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
-  s = s < 1 ? 1 : s;
-  s = s > most ? most : s;
-  while (tiles * s > kMaxItems) --s;
-  return s;
+  const int slots = int(gridDim.x) * KT_WAVES;
+  int best = 1;
+  float best_cost = 1e30f;
+  for (int s = 1; s <= most && tiles * s <= kMaxItems; ++s) {
+    const int rounds = (tiles * s + extra_items + slots - 1) / slots;
+    const float cost = float(rounds) * (1.0f / float(s) + 0.1f);
+    if (cost < best_cost - 1e-6f) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
 }
 
 template <class P>
