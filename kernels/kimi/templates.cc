@@ -40,6 +40,11 @@ KnobSpace cuda_mega_space() {
       *why = "threads x blocks_per_sm exceeds 1024 (SM thread limit 2048 with headroom for registers)";
       return false;
     }
+    // An attention item gives each warp at most 4 heads (registers).
+    if (p["attn_heads"].get<int>() > 4 * (p["threads"].get<int>() / 32)) {
+      *why = "attn_heads exceeds 4 heads per warp";
+      return false;
+    }
     return true;
   };
   return s;
