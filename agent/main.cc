@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
   run->add_option("--samples", so.samples, "timing samples per context (0: backend default)");
   run->add_option("--step-timeout", so.step_timeout_s, "seconds a validate or time request may take (0: default)");
   run->add_option("--replay-trace", replay_trace, "with --designer replay: the trace whose proposals to replay");
+  std::string proposals_path;
+  run->add_option("--proposals", proposals_path,
+                  "with --designer replay: a JSON list of proposals [{template?, knobs?, source?, rationale?}]");
   run->add_option("--runner", so.runner, "path of ktune-runner (default: beside ktune)");
   run->add_flag("--quiet", so.quiet, "print only the summary");
   agent::add_llm_options(run, &so.designer_options);
@@ -98,6 +101,14 @@ int main(int argc, char** argv) {
     if (!parse_duration(budget, &so.budget_s)) throw CLI::ValidationError("--budget", "not a duration: " + budget);
     so.backend = backend == "auto" ? default_backend() : backend;
     if (!replay_trace.empty()) so.designer_options["trace"] = replay_trace;
+    if (!proposals_path.empty()) {
+      std::string text, err;
+      if (!read_file(proposals_path, &text, &err)) throw CLI::ValidationError("--proposals", err);
+      json list = json::parse(text, nullptr, false);
+      if (list.is_discarded() || !list.is_array())
+        throw CLI::ValidationError("--proposals", proposals_path + " is not a JSON list");
+      so.designer_options["proposals"] = list;
+    }
     so.argv = all_args;
     rc = agent::run_session(so);
   });

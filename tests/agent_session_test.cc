@@ -1,0 +1,241 @@
+// Whole sessions on the host backend, through the real `ktune` binary: a
+// two-minute session that accepts and rolls back; broken variants of every
+// kind classified while the session goes on; SIGKILL in the middle of a
+// session, then resume; and export -> import -> replay of a session.
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fcntl.h>
+#include <set>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/fs.h"
+#include "sandbox/process.h"
+#include "traces/store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+
+using namespace ktune;
+
+namespace {
+
+const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/ktune";
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs ktune with the shared weight and build cache (so tests reuse them).
+Run run_ktune(std::vector<std::string> args, double timeout_s, const std::string& workdir) {
+  sandbox::ProcessSpec spec;
+  spec.argv = {kKtune};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.workdir = workdir;
+  spec.env = sandbox::clean_env(workdir, {{"KTUNE_CACHE_DIR", cache_dir()}});
+  spec.limits.timeout_s = timeout_s;
+  spec.capture_bytes = 1 << 20;
+  sandbox::ProcessResult r;
+  std::string err;
+  REQUIRE_MESSAGE(sandbox::run_process(spec, &r, &err), err);
+  INFO(r.out << r.err);
+  CHECK_FALSE(r.timed_out);
+  return {r.exit_code, r.out + r.err};
+}
+
+struct AttemptRow {
+  int seq;
+  std::string variant, outcome, decision, purpose, error;
+};
+
+std::vector<AttemptRow> attempts(const std::string& db, int64_t session = 1) {
+  traces::Store store;
+  std::string err;
+  REQUIRE_MESSAGE(store.open(db, &err), err);
+  std::vector<traces::AttemptRow> rows;
+  REQUIRE_MESSAGE(store.attempts(session, &rows, &err), err);
+  std::vector<AttemptRow> out;
+  for (auto& r : rows) out.push_back({r.seq, r.variant, r.outcome, r.decision, r.purpose, r.error});
+  return out;
+}
+
+std::string session_status(const std::string& db, int64_t session = 1) {
+  traces::Store store;
+  traces::SessionRow row;
+  std::string err;
+  REQUIRE(store.open(db, &err));
+  REQUIRE_MESSAGE(store.session(session, &row, &err), err);
+  return row.status;
+}
+
+std::string read_data(const std::string& name) {
+  std::string text, err;
+  REQUIRE(read_file(std::string(KTUNE_SOURCE_DIR) + "/tests/data/" + name, &text, &err));
+  return text;
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string err;
+    REQUIRE(make_temp_dir("/tmp", "ktune-session-test-", &path, &err));
+  }
+  ~TempDir() { remove_tree(path); }
+};
+
+}  // namespace
+
+TEST_CASE("a two-minute host session accepts and rolls back, and round-trips through a trace") {
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite";
+  Run r = run_ktune({"run", "--task", "kimi-linear", "--size", "small", "--backend", "host", "--budget", "2m", "--db", db,
+                 "--seed", "3"},
+                400, dir.path);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("session 1 completed") != std::string::npos);
+  CHECK(r.out.find("best ") != std::string::npos);
+  std::vector<AttemptRow> rows = attempts(db);
+  int accepted = 0, rolled_back = 0;
+  for (auto& a : rows) {
+    accepted += a.decision == "accepted" && a.purpose == "candidate";
+    rolled_back += a.decision == "rolled_back";
+  }
+  std::printf("2-minute host session: %zu attempts, %d candidates accepted, %d rolled back\n", rows.size(), accepted,
+              rolled_back);
+  CHECK(rows.size() >= 10);
+  CHECK(accepted >= 1);
+  CHECK(rolled_back >= 1);
+  CHECK(session_status(db) == "completed");
+
+  // history, show, compare answer from the same database.
+  CHECK(run_ktune({"history", "--db", db}, 30, dir.path).out.find("kimi-linear") != std::string::npos);
+  CHECK(run_ktune({"show", "--db", db, rows.back().variant.substr(0, 10)}, 30, dir.path).exit_code == 0);
+
+  // export -> import -> the same attempts and decisions; replay shows them.
+  const std::string trace = dir.path + "/s.jsonl", db2 = dir.path + "/copy.sqlite";
+  CHECK(run_ktune({"trace", "export", "--db", db, "1", "--out", trace}, 60, dir.path).exit_code == 0);
+  Run imp = run_ktune({"trace", "import", "--db", db2, trace}, 60, dir.path);
+  CHECK(imp.out.find("imported as session 1") != std::string::npos);
+  std::vector<AttemptRow> copy = attempts(db2);
+  REQUIRE(copy.size() == rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CHECK(copy[i].seq == rows[i].seq);
+    CHECK(copy[i].variant == rows[i].variant);
+    CHECK(copy[i].outcome == rows[i].outcome);
+    CHECK(copy[i].decision == rows[i].decision);
+  }
+  CHECK(run_ktune({"compare", "--db", db2, "1", "1"}, 30, dir.path).exit_code == 0);
+  Run rep = run_ktune({"replay", trace, "--svg", dir.path + "/s.svg"}, 60, dir.path);
+  CHECK(rep.exit_code == 0);
+  CHECK(rep.out.find("rolled_back") != std::string::npos);
+  CHECK(file_exists(dir.path + "/s.svg"));
+  // The re-exported copy carries the same events.
+  const std::string trace2 = dir.path + "/s2.jsonl";
+  CHECK(run_ktune({"trace", "export", "--db", db2, "1", "--out", trace2}, 60, dir.path).exit_code == 0);
+  std::string a, b, err;
+  REQUIRE(read_file(trace, &a, &err));
+  REQUIRE(read_file(trace2, &b, &err));
+  CHECK(std::count(a.begin(), a.end(), '\n') == std::count(b.begin(), b.end(), '\n'));
+}
+
+TEST_CASE("broken variants of every kind are classified and the session goes on") {
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite";
+  json proposals = json::array();
+  for (const char* f : {"host_compile_error.cc", "host_crash.cc", "host_hang.cc", "host_wrong.cc"})
+    proposals.push_back({{"template", "kimi-mega-host"}, {"source", read_data(f)}, {"rationale", f}});
+  proposals.push_back({{"template", "kimi-mega-host"}, {"knobs", json::object()}, {"rationale", "a good one"}});
+  std::string err;
+  REQUIRE(write_file_atomic(dir.path + "/proposals.json", proposals.dump(), &err));
+  Run r = run_ktune({"run", "--size", "small", "--backend", "host", "--budget", "5m", "--db", db, "--designer", "replay",
+                 "--proposals", dir.path + "/proposals.json", "--step-timeout", "3", "--samples", "5"},
+                400, dir.path);
+  CHECK(r.exit_code == 0);
+  std::vector<AttemptRow> rows = attempts(db);
+  REQUIRE(rows.size() == 6);  // the baseline and the five proposals
+  CHECK(rows[1].outcome == "compile_error");
+  CHECK(rows[1].error.find("no_such_field") != std::string::npos);
+  CHECK(rows[2].outcome == "device_fault");
+  CHECK(rows[2].error.find("SIGSEGV") != std::string::npos);
+  CHECK(rows[3].outcome == "timeout");
+  CHECK(rows[4].outcome == "wrong_answer");
+  CHECK(rows[4].error.find("cosine") != std::string::npos);
+  CHECK(rows[5].outcome == "ok");
+  CHECK(session_status(db) == "completed");
+}
+
+TEST_CASE("a session killed with SIGKILL leaves a valid database and resumes") {
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite";
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();
+    int fd = open((dir.path + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("KTUNE_CACHE_DIR", cache_dir().c_str(), 1);
+    execl(kKtune.c_str(), kKtune.c_str(), "run", "--size", "small", "--backend", "host", "--budget", "2m", "--db",
+          db.c_str(), "--seed", "5", "--samples", "5", (char*)nullptr);
+    _exit(127);
+  }
+  // Kill it once a few attempts are recorded, whatever it is doing then.
+  double deadline = mono_seconds() + 240;
+  size_t finished = 0;
+  while (mono_seconds() < deadline && finished < 4) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (!file_exists(db)) continue;
+    traces::Store store;
+    std::vector<traces::AttemptRow> rows;
+    std::string err;
+    if (store.open(db, &err) && store.attempts(1, &rows, &err)) {
+      finished = 0;
+      for (auto& a : rows) finished += !a.outcome.empty();
+    }
+  }
+  kill(-pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(finished >= 4);
+
+  // A valid database with every attempt recorded before the kill.
+  {
+    traces::Store store;
+    std::string err;
+    REQUIRE_MESSAGE(store.open(db, &err), err);
+    sqlite3_stmt* st = nullptr;
+    REQUIRE(sqlite3_prepare_v2(store.handle(), "PRAGMA integrity_check", -1, &st, nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_step(st) == SQLITE_ROW);
+    CHECK(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 0))) == "ok");
+    sqlite3_finalize(st);
+  }
+  std::vector<AttemptRow> before = attempts(db);
+  CHECK(session_status(db) == "running");
+
+  Run r = run_ktune({"run", "--resume", "1", "--db", db, "--budget", "30s"}, 300, dir.path);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("(resumed)") != std::string::npos);
+  std::vector<AttemptRow> after = attempts(db);
+  CHECK(after.size() > before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    CHECK(after[i].seq == before[i].seq);
+    CHECK(after[i].variant == before[i].variant);
+    if (before[i].outcome.empty()) {
+      CHECK(after[i].outcome == "interrupted");  // it was in flight when killed
+    } else {
+      CHECK(after[i].outcome == before[i].outcome);
+      CHECK(after[i].decision == before[i].decision);
+    }
+  }
+  // The resumed run measures no variant twice.
+  std::set<std::string> seen;
+  for (auto& a : after)
+    if (a.outcome != "interrupted" && !a.outcome.empty()) CHECK(seen.insert(a.variant).second);
+  CHECK(session_status(db) == "completed");
+}
