@@ -1176,13 +1176,17 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
 
 }  // namespace mk
 
-extern "C" __device__ int ktune_abi_version = KT_ABI_VERSION;
-extern "C" __device__ int ktune_config[KT_CONFIG_FIELDS] = {
-    KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH, KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS,
-    KT_PATTERN_M};
-extern "C" __device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
-extern "C" __device__ int ktune_num_launches = 1;
-extern "C" __device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
+// The ABI globals (abi.h). An extern "C" block, not `extern "C" T x = v;`:
+// compiled for host and device together (a torch extension), the latter
+// form leaves the host shadow of x undefined.
+extern "C" {
+__device__ int ktune_abi_version = KT_ABI_VERSION;
+__device__ int ktune_config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
+                                                 KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
+__device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
+__device__ int ktune_num_launches = 1;
+__device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
+}
 
 extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     ktune_k0(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
