@@ -38,9 +38,11 @@ struct DesignContext {
   double baseline_us = 0;
   double budget_left_s = 0;
   uint64_t seed = 0;
-  // The id a knob point of the megakernel template renders to (for
-  // skipping measured points before proposing them).
-  std::function<std::string(const json& knobs)> variant_id;
+  // The id a knob point of the megakernel template renders to, with the
+  // template's text or, when `source` is non-empty, with that text instead
+  // (for skipping measured variants before proposing them); empty when it
+  // does not render.
+  std::function<std::string(const json& knobs, const std::string& source)> variant_id;
   // Records an event of the designer's own in the session (e.g. "llm_call",
   // see traces/events.h); the session stores it as it happens.
   std::function<void(const std::string& kind, const json& data)> record;

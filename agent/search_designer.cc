@@ -30,7 +30,7 @@ class SearchDesigner : public Designer {
     auto try_add = [&](const json& knobs, const std::string& why) {
       std::string reason;
       if (int(out->size()) >= max || !space.valid(knobs, &reason) || banned(space, knobs)) return;
-      std::string id = ctx.variant_id(knobs);
+      std::string id = ctx.variant_id(knobs, "");
       if (id.empty() || !taken.insert(id).second) return;
       Proposal p;
       p.knobs = knobs;

@@ -148,14 +148,16 @@ class Session {
   }
 
   // Secrets never reach the database: any designer option that looks like
-  // one is dropped before it is recorded.
+  // one (api_key, auth_token, ...) is dropped before it is recorded. Token
+  // counts (max_tokens, token_budget) are not secrets and are kept, so a
+  // resumed session has them.
   static json redacted(const json& j) {
     json out = json::object();
     for (auto& [k, v] : j.items()) {
       std::string lk = k;
       std::transform(lk.begin(), lk.end(), lk.begin(), ::tolower);
-      if (lk.find("key") != std::string::npos || lk.find("token") != std::string::npos ||
-          lk.find("secret") != std::string::npos)
+      bool names_token = lk.size() >= 5 && lk.compare(lk.size() - 5, 5, "token") == 0;
+      if (lk.find("key") != std::string::npos || names_token || lk.find("secret") != std::string::npos)
         continue;
       out[k] = v;
     }
@@ -479,7 +481,7 @@ class Session {
       empty_rounds = 0;
       // On a GPU, the next batch builds while this one is measured; on the
       // host the CPU is the device, so every build finishes first.
-      if (spec_.builds_overlap_timing && !stopping()) next = design(batch, &exhausted);
+      if (spec_.builds_overlap_timing && !stopping()) next = design(batch, &exhausted, int(jobs.size()));
       if (!spec_.builds_overlap_timing)
         for (Job& j : jobs) j.build.wait();
       for (Job& j : jobs) {
@@ -490,7 +492,8 @@ class Session {
     if (stop_reason_.empty()) stop_reason_ = "the budget ran out";
   }
 
-  std::vector<Job> design(int batch, bool* exhausted) {
+  // `queued`: attempts already designed but not started (their numbers come first).
+  std::vector<Job> design(int batch, bool* exhausted, int queued = 0) {
     double t0 = mono_seconds();
     DesignContext ctx;
     ctx.task = opts_.task;
@@ -510,12 +513,12 @@ class Session {
     if (store_.measured_variants(opts_.task, opts_.backend, opts_.size, &earlier, &err))
       ctx.measured.insert(earlier.begin(), earlier.end());
     ctx.measured.insert(measured_.begin(), measured_.end());
-    ctx.next_attempt = next_seq_;
+    ctx.next_attempt = next_seq_ + queued;
     ctx.record = [this](const std::string& kind, const json& data) { emit_or_die(kind, 0, data); };
-    ctx.variant_id = [this](const json& knobs) {
+    ctx.variant_id = [this](const json& knobs, const std::string& source) {
       Variant v;
       std::string e;
-      return render_variant(cfg_, spec_, *mega_t_, knobs, "", &v, &e) ? v.id : std::string();
+      return render_variant(cfg_, spec_, *mega_t_, knobs, source, &v, &e) ? v.id : std::string();
     };
     std::vector<Proposal> proposals;
     bool ok = designer_->propose(ctx, batch, &proposals, &err);
