@@ -54,6 +54,7 @@ sandbox::BuildRequest BackendSpec::build_request(const std::string& source) cons
   r.source = source;
   r.timeout_s = build_timeout_s;
   r.memory_bytes = build_memory_bytes;
+  r.cpu_seconds = build_timeout_s;  // each compiler process: CPU time bounded as well as wall time
   if (name == "cuda") {
     std::string nvcc = find_nvcc();
     r.source_name = "variant.cu";

@@ -165,6 +165,7 @@ BuildResult BuildCache::build(const BuildRequest& req) {
   spec.env = clean_env(key_dir);
   spec.limits.timeout_s = req.timeout_s;
   spec.limits.memory_bytes = req.memory_bytes;
+  spec.limits.cpu_seconds = req.cpu_seconds;
   spec.capture_bytes = kLogCaptureBytes;
   result.command_line = command_line_of(spec.argv);
 

@@ -19,6 +19,7 @@ struct BuildRequest {
   std::string compiler_id;           // e.g. the output of `nvcc --version`; part of the key
   double timeout_s = 300;
   size_t memory_bytes = 0;
+  double cpu_seconds = 0;            // RLIMIT_CPU per compiler process (0: none)
 };
 
 struct BuildResult {
