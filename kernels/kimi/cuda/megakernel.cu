@@ -1158,6 +1158,24 @@ struct DownPhase : PhaseDefaults {
   }
 };
 
+// Before phase p: start what p can load without the barrier's data (L2
+// prefetch, the first shared-memory stages), then wait for the grid.
+template <class P>
+KT_DEV void barrier_before(Ctx& c, P& p) {
+  prefetch_phase(c, p);
+  early_issue(c, p);
+  barrier(c);
+}
+
+// o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
+KT_DEV void oproj_phase(Ctx& c, int layer, const KtW4& w, int K, const uint16_t* o, const uint16_t* x) {
+  OprojPhase oproj{{}, OneMatrix{w, D, K}, x, c.s->hbuf};
+  barrier_before(c, oproj);
+  stamp(c, layer, 4);
+  stage_bf16(c, o, K);
+  run_gemv_phase(c, oproj);
+}
+
 KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
   MoeAPhase moe_a{{}, L, layer, c.sm->topk};
@@ -1167,9 +1185,7 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
   run_gemv_phase(c, moe_a);
   moe_a.route(c);  // every block needs the routing for the down phase
   DownPhase down{{}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
-  prefetch_phase(c, down);
-  early_issue(c, down);
-  barrier(c);
+  barrier_before(c, down);
   stamp(c, layer, 7);
   run_gemv_phase(c, down);
 }
@@ -1215,13 +1231,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       barrier(c);
       stamp(c, layer, 1);
       kda_phase(c, L);
-      OprojPhase oproj{{}, OneMatrix{L.o, D, C}, x, c.s->hbuf};
-      prefetch_phase(c, oproj);
-      early_issue(c, oproj);
-      barrier(c);
-      stamp(c, layer, 4);
-      stage_bf16(c, c.s->kda_o, C);
-      run_gemv_phase(c, oproj);
+      oproj_phase(c, layer, L.o, C, c.s->kda_o, x);
     } else {
       const KtMlaLayer& L = Ly.mla;
       Mla1Phase mla1{{}, L, pos};
@@ -1235,23 +1245,13 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       stamp(c, layer, 2);
       attn_phase(c, L, pos);
       WuvPhase wuv{{}, L, attn_chunks(pos + 1)};
-      prefetch_phase(c, wuv);
-      early_issue(c, wuv);
-      barrier(c);
+      barrier_before(c, wuv);
       stamp(c, layer, 3);
       run_gemv_phase(c, wuv);
-      OprojPhase oproj{{}, OneMatrix{L.o, D, MO}, x, c.s->hbuf};
-      prefetch_phase(c, oproj);
-      early_issue(c, oproj);
-      barrier(c);
-      stamp(c, layer, 4);
-      stage_bf16(c, c.s->mla_o, MO);
-      run_gemv_phase(c, oproj);
+      oproj_phase(c, layer, L.o, MO, c.s->mla_o, x);
     }
     MoeAPhase next_moe{{}, Ly.moe, layer, c.sm->topk};
-    prefetch_phase(c, next_moe);
-    early_issue(c, next_moe);
-    barrier(c);
+    barrier_before(c, next_moe);
     moe_layer(c, layer, Ly, x_next);
   }
   stamp(c, KT_LAYERS, 8);
