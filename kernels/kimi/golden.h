@@ -55,8 +55,8 @@ struct GoldenOptions {
 bool check_golden_case(const GoldenFile& g, const GoldenCase& c, const StepFn& step, const GoldenOptions& opts,
                        std::vector<GoldenCheck>* checks, std::string* err);
 
-// $KTUNE_GOLDEN_DIR, else the shared/golden folder beside the checkout;
-// empty when none is found.
+// $KTUNE_GOLDEN_DIR, else the shared/golden folder beside the checkout,
+// else /work/shared/golden; empty when none is found.
 std::string find_golden_dir();
 
 }  // namespace ktune::kimi
