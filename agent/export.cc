@@ -8,6 +8,8 @@
 #include <regex>
 #include <sstream>
 
+#include "agent/backend.h"
+#include "agent/evaluator.h"
 #include "base/fs.h"
 #include "base/sha256.h"
 #include "kernels/kimi/cuda/abi.h"
@@ -90,20 +92,46 @@ const std::string* embedded(const std::string& path, std::string* err) {
   return text;
 }
 
-// The variant `what` names: an id or prefix, or "best": the best of the
-// latest session that has one.
-bool find_variant(traces::Store& store, const std::string& what, traces::VariantRow* out, std::string* err) {
-  if (what != "best") return store.variant(what, out, err);
-  std::vector<traces::SessionRow> sessions;
-  if (!store.sessions(&sessions, err)) return false;
-  const traces::SessionRow* latest = nullptr;
-  for (const traces::SessionRow& s : sessions)
-    if (!s.best_variant.empty() && (!latest || s.id > latest->id)) latest = &s;
-  if (!latest) {
-    *err = "no session in the database has a best variant yet";
+bool recorded_variant(const ExportOptions& o, traces::VariantRow* v, std::string* err) {
+  if (!o.variant.empty() && !o.knobs.empty()) {
+    *err = "give a recorded variant or --knobs, not both";
     return false;
   }
-  return store.variant(latest->best_variant, out, err);
+  if (o.variant.empty()) {
+    *err = "no variant (a recorded variant id, best, or --knobs JSON)";
+    return false;
+  }
+  if (!file_exists(o.db)) {
+    *err = "no database at " + o.db;
+    return false;
+  }
+  traces::Store store;
+  return store.open(o.db, err) && store.variant(o.variant, v, err);
+}
+
+// The megakernel template rendered at the options' knobs (unrecorded: its
+// record says origin "knobs").
+bool knob_variant(const ExportOptions& o, traces::VariantRow* v, std::string* err) {
+  if (!o.variant.empty()) return recorded_variant(o, v, err);  // says "not both"
+  json knobs = json::parse(o.knobs, nullptr, false);
+  if (knobs.is_discarded() || !knobs.is_object()) {
+    *err = "--knobs is not a JSON object: " + o.knobs;
+    return false;
+  }
+  kimi::KimiConfig cfg;
+  BackendSpec spec;
+  Variant r;
+  if (!kimi::KimiConfig::preset(o.size, &cfg, err) || !backend_spec("cuda", &spec, err) ||
+      !render_variant(cfg, spec, *kimi::find_template(kTemplate), knobs, "", &r, err))
+    return false;
+  v->id = r.id;
+  v->template_name = r.template_name;
+  v->backend = r.backend;
+  v->source = r.source;
+  v->knobs = r.knobs;
+  v->origin = "knobs";
+  v->rationale = "rendered by ktune export --knobs";
+  return true;
 }
 
 json config_json(const kimi::KimiConfig& cfg) {
@@ -185,13 +213,8 @@ bool export_variant(const ExportOptions& o, std::string* summary, std::string* e
     *err = "no output directory (--out DIR)";
     return false;
   }
-  if (!file_exists(o.db)) {
-    *err = "no database at " + o.db;
-    return false;
-  }
-  traces::Store store;
   traces::VariantRow v;
-  if (!store.open(o.db, err) || !find_variant(store, o.variant, &v, err)) return false;
+  if (!o.knobs.empty() ? !knob_variant(o, &v, err) : !recorded_variant(o, &v, err)) return false;
   const std::string name = "variant " + v.id.substr(0, 16);
   if (v.template_name != kTemplate || (v.backend != "cuda" && v.backend != "cuda-emu")) {
     *err = name + " is a " + v.template_name + " variant for the " + v.backend +

@@ -15,12 +15,16 @@ namespace ktune::agent {
 struct ExportOptions {
   std::string db;                       // the database holding the variant
   std::string variant;                  // id, unique prefix, or "best" (the latest session's best)
+  std::string knobs;                    // instead of a recorded variant: the megakernel at these knobs (JSON)
+  std::string size = "full";            // with knobs: the config preset
   std::string format = "torch-module";  // the only format so far
   std::string out_dir;
   bool force = false;                   // write into a non-empty out_dir
 };
 
 // Writes the module into opts.out_dir; `summary` says what was written.
+// The variant is a recorded one (db + variant) or, with `knobs`, the CUDA
+// megakernel template rendered at those knobs for the `size` preset.
 // Errors (no database, no such variant, a variant that is not a one-launch
 // CUDA megakernel, a non-empty directory without --force) say what to do.
 bool export_variant(const ExportOptions& opts, std::string* summary, std::string* err);

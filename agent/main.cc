@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   std::string variant;
   auto* show = app.add_subcommand("show", "a variant: knobs, source, parent chain, measurements");
   show->add_option("--db", db)->default_val("ktune.sqlite");
-  show->add_option("variant", variant, "variant id or a unique prefix")->required();
+  show->add_option("variant", variant, "variant id, a unique prefix, or best (the latest session's best)")->required();
   show->add_flag("--json", as_json);
   show->callback([&] {
     traces::Store store;
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
   bench->add_option("--size", bo.size)->default_val("full");
   bench->add_option("--knobs", knobs_texts, "megakernel knobs as JSON (defaults where absent); repeat to compare several");
   bench->add_option("--db", bo.db, "with --variant: the database holding it");
-  bench->add_option("--variant", bo.variant, "benchmark this recorded variant");
+  bench->add_option("--variant", bo.variant, "benchmark this recorded variant (id, prefix, or best)");
   bench->add_option("--samples", bo.samples, "timing samples per context");
   bench->add_option("--seeds", bo.seeds, "validation seeds per context")->default_val(3);
   bench->add_option("--json", bo.json_out, "also write the results as JSON");

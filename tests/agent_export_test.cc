@@ -102,6 +102,22 @@ TEST_CASE("export: a CUDA megakernel variant of the full config becomes a PyTorc
   CHECK_MESSAGE(r.ok(), r.err);
 }
 
+TEST_CASE("export: --knobs exports the megakernel template at those knobs, no database needed") {
+  TempDir tmp;
+  const std::string out = tmp.file("module");
+  sandbox::ProcessResult r = ktune_export(tmp, {"--knobs", "{\"unroll\": 2}", "--size", "small", "--out", out});
+  REQUIRE_MESSAGE(r.ok(), r.err);
+  CHECK(r.out.find("config small") != std::string::npos);
+  std::string kernel, record, err;
+  REQUIRE(read_file(join_path(out, "kernel.cu"), &kernel, &err));
+  CHECK(kernel.find("#define KT_UNROLL 2") != std::string::npos);
+  REQUIRE(read_file(join_path(out, "variant.json"), &record, &err));
+  json j = json::parse(record);
+  CHECK(j["knobs"]["unroll"] == 2);
+  CHECK(j["origin"] == "knobs");
+  CHECK(j["variant"].get<std::string>().size() == 64);
+}
+
 TEST_CASE("export: errors say what is wrong") {
   TempDir tmp;
   traces::Store store;
@@ -122,6 +138,11 @@ TEST_CASE("export: errors say what is wrong") {
   fails_with({"--db", db, host.id, "--out", out}, "only CUDA megakernel variants");
   fails_with({"--db", db, base.id, "--out", out}, "kimi-base-cuda variant");
   fails_with({"--db", db, emu.id, "--format", "onnx", "--out", out}, "unknown format 'onnx'");
+  fails_with({"--knobs", "{\"threads\": 100}", "--out", out}, "invalid knobs");
+  fails_with({"--knobs", "[1", "--out", out}, "not a JSON object");
+  fails_with({"--knobs", "{}", "--size", "huge", "--out", out}, "huge");
+  fails_with({"--db", db, emu.id, "--knobs", "{}", "--out", out}, "not both");
+  fails_with({"--out", out}, "no variant");
   CHECK_FALSE(file_exists(out));
 
   // A variant rendered for the emulator exports without the emulator.

@@ -108,6 +108,9 @@ TEST_CASE("a recorded session lands in the derived tables") {
   CHECK(row.best_variant == s.fast);
   CHECK(row.best_score_us == s.best_us);
   CHECK(row.best_speedup == 1.25);
+  VariantRow best;
+  REQUIRE_MESSAGE(store.variant("best", &best, &err), err);  // what bench, show and export accept
+  CHECK(best.id == s.fast);
   CHECK(row.baseline_variant == s.base);
   CHECK(row.baseline_score_us == s.baseline_us);
   CHECK(row.attempts == 5);
@@ -198,6 +201,16 @@ TEST_CASE("a recorded session lands in the derived tables") {
         std::set<std::string>{s.base, s.fast, s.broken, s.slow, s.wrong});
   REQUIRE(store.measured_variants("kimi", "cuda", "tiny", &measured, &err));
   CHECK(measured.empty());
+}
+
+TEST_CASE("best names nothing in a database without a session's best") {
+  TempDir dir;
+  Store store;
+  std::string err;
+  REQUIRE_MESSAGE(store.open(dir.file("k.sqlite"), &err), err);
+  VariantRow v;
+  CHECK_FALSE(store.variant("best", &v, &err));
+  CHECK(err.find("no session in the database has a best variant yet") != std::string::npos);
 }
 
 TEST_CASE("a prefix that matches several variants is ambiguous; a full id never is") {

@@ -841,6 +841,15 @@ bool Store::variant_attempts(const std::string& variant_id, std::vector<AttemptR
 bool Store::variant(const std::string& id_or_prefix, VariantRow* out, std::string* err) {
   if (!db_) return fail(err, "the store is not open");
   if (id_or_prefix.empty()) return fail(err, "no variant id given");
+  if (id_or_prefix == "best") {
+    std::vector<SessionRow> all;
+    if (!sessions(&all, err)) return false;
+    const SessionRow* latest = nullptr;
+    for (const SessionRow& r : all)
+      if (!r.best_variant.empty() && (!latest || r.id > latest->id)) latest = &r;
+    if (!latest) return fail(err, "no session in the database has a best variant yet");
+    return variant(latest->best_variant, out, err);
+  }
   // An exact match sorts first: a full id is never ambiguous, even when it
   // is also the prefix of a longer one.
   Stmt s(db_, kVariantSelect + " WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id <> ?1, id LIMIT 3");

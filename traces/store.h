@@ -93,7 +93,8 @@ class Store {
   bool attempts(int64_t session, std::vector<AttemptRow>* out, std::string* err);
   // Every attempt of one variant (full id), in any session, oldest first.
   bool variant_attempts(const std::string& variant_id, std::vector<AttemptRow>* out, std::string* err);
-  // Full or unique-prefix id; a prefix matching several is an error.
+  // Full or unique-prefix id (a prefix matching several is an error), or
+  // "best": the best variant of the latest session that has one.
   bool variant(const std::string& id_or_prefix, VariantRow* out, std::string* err);
   // In seq order; only those of one kind when `kind` is given.
   bool events(int64_t session, std::vector<Event>* out, std::string* err, const std::string& kind = "");
