@@ -72,7 +72,8 @@ bool Evaluator::validate(const std::vector<std::pair<int, int>>& cases, int max_
                                            : oracle_.take(cases[i].first, cases[i].second);
     measure::CaseCheck check;
     std::string err;
-    if (i >= files.size() || !measure::check_case(w_.cfg, ref, files[i].get<std::string>(), gate_, &check, &err)) {
+    if (i >= files.size() || !measure::check_case(w_.cfg, ref, files[i].get<std::string>(), gate_, &check, &err) ||
+        !measure::recheck_near_ties(w_, ref, files[i].get<std::string>(), gate_, &check, &err)) {
       check.passed = false;
       check.failure = "outputs missing: " + err;
     }

@@ -8,6 +8,7 @@
 #include "base/tensor.h"
 #include "measure/backend_hostmem.h"
 #include "measure/runner_backend.h"
+#include "measure/validate.h"
 
 namespace ktune::measure {
 
@@ -32,35 +33,6 @@ namespace {
 
 json failure(const std::string& outcome, const std::string& error) {
   return {{"ok", false}, {"outcome", outcome}, {"error", error}};
-}
-
-// One case's outputs as a safetensors file, for the client to compare.
-bool write_outputs(const std::string& path, const kimi::KimiConfig& cfg, const kimi::KimiState& st,
-                   const kimi::StepOutput& out, std::string* err) {
-  TensorFile f;
-  auto put = [&](const std::string& name, DType t, std::vector<int64_t> shape, const void* data) {
-    Tensor x = Tensor::make(t, std::move(shape));
-    std::memcpy(x.data, data, x.nbytes);
-    f.tensors.emplace(name, std::move(x));
-  };
-  put("hidden", DType::BF16, {cfg.hidden}, out.hidden.data());
-  std::vector<int32_t> topk;
-  for (auto& l : out.topk) topk.insert(topk.end(), l.begin(), l.end());
-  put("topk", DType::I32, {cfg.layers(), cfg.n_active}, topk.data());
-  for (int i = 0; i < cfg.layers(); ++i) {
-    std::string p = "L" + std::to_string(i) + ".";
-    const kimi::LayerState& L = st.layers[i];
-    if (cfg.is_kda(i)) {
-      put(p + "S", DType::F32, {cfg.kda_heads, cfg.kda_head_dim, cfg.kda_head_dim}, L.S.data());
-      put(p + "cq", DType::BF16, {3, cfg.kda_dim()}, L.cq.data());
-      put(p + "ck", DType::BF16, {3, cfg.kda_dim()}, L.ck.data());
-      put(p + "cv", DType::BF16, {3, cfg.kda_dim()}, L.cv.data());
-    } else {
-      put(p + "c_kv_row", DType::BF16, {cfg.kv_lora}, out.ckv_row[i].data());
-      put(p + "k_rope_row", DType::BF16, {cfg.qk_rope}, out.krope_row[i].data());
-    }
-  }
-  return write_safetensors(path, f, err);
 }
 
 struct Runner {
@@ -92,7 +64,7 @@ struct Runner {
       kimi::StepOutput out;
       if (!backend->get_state(&st, &out, &err)) return failure("launch_error", err);
       std::string path = join_path(out_dir, "case" + std::to_string(index++) + ".safetensors");
-      if (!write_outputs(path, cfg, st, out, &err)) return failure("launch_error", err);
+      if (!write_case_outputs(path, cfg, st, out, &err)) return failure("launch_error", err);
       files.push_back(path);
     }
     return {{"ok", true}, {"files", files}, {"launches_per_step", launches}, {"step_us", step_us},

@@ -1,6 +1,8 @@
 #include "measure/validate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <set>
 
 #include "base/bf16.h"
@@ -9,19 +11,21 @@
 
 namespace ktune::measure {
 
-OracleCase compute_oracle_case(const kimi::KimiWeights& w, int seed, int context) {
+OracleCase compute_oracle_case(const kimi::KimiWeights& w, int seed, int context, const kimi::Routing* routing) {
   OracleCase c;
   c.seed = seed;
   c.context = context;
   c.state = kimi::make_state(w.cfg, uint64_t(seed), context);
   std::vector<uint16_t> token = kimi::make_token(w.cfg, uint64_t(seed));
-  kimi::oracle_step(w, &c.state, token.data(), &c.out);
+  kimi::oracle_step(w, &c.state, token.data(), &c.out, nullptr, routing);
   return c;
 }
 
 json CaseCheck::to_json() const {
-  return {{"seed", seed}, {"context", context}, {"passed", passed}, {"experts_match", experts_match},
-          {"failure", failure}, {"metrics", metrics}};
+  json j = {{"seed", seed},       {"context", context}, {"passed", passed}, {"experts_match", experts_match},
+            {"failure", failure}, {"metrics", metrics}};
+  if (!routing_note.empty()) j["routing_note"] = routing_note;
+  return j;
 }
 
 namespace {
@@ -45,6 +49,34 @@ struct Pair {
 };
 
 }  // namespace
+
+bool write_case_outputs(const std::string& path, const kimi::KimiConfig& cfg, const kimi::KimiState& st,
+                        const kimi::StepOutput& out, std::string* err) {
+  TensorFile f;
+  auto put = [&](const std::string& name, DType t, std::vector<int64_t> shape, const void* data) {
+    Tensor x = Tensor::make(t, std::move(shape));
+    std::memcpy(x.data, data, x.nbytes);
+    f.tensors.emplace(name, std::move(x));
+  };
+  put("hidden", DType::BF16, {cfg.hidden}, out.hidden.data());
+  std::vector<int32_t> topk;
+  for (auto& l : out.topk) topk.insert(topk.end(), l.begin(), l.end());
+  put("topk", DType::I32, {cfg.layers(), cfg.n_active}, topk.data());
+  for (int i = 0; i < cfg.layers(); ++i) {
+    std::string p = "L" + std::to_string(i) + ".";
+    const kimi::LayerState& L = st.layers[i];
+    if (cfg.is_kda(i)) {
+      put(p + "S", DType::F32, {cfg.kda_heads, cfg.kda_head_dim, cfg.kda_head_dim}, L.S.data());
+      put(p + "cq", DType::BF16, {3, cfg.kda_dim()}, L.cq.data());
+      put(p + "ck", DType::BF16, {3, cfg.kda_dim()}, L.ck.data());
+      put(p + "cv", DType::BF16, {3, cfg.kda_dim()}, L.cv.data());
+    } else {
+      put(p + "c_kv_row", DType::BF16, {cfg.kv_lora}, out.ckv_row[i].data());
+      put(p + "k_rope_row", DType::BF16, {cfg.qk_rope}, out.krope_row[i].data());
+    }
+  }
+  return write_safetensors(path, f, err);
+}
 
 bool check_case(const kimi::KimiConfig& cfg, const OracleCase& ref, const std::string& file, const Gate& gate,
                 CaseCheck* out, std::string* err) {
@@ -91,6 +123,81 @@ bool check_case(const kimi::KimiConfig& cfg, const OracleCase& ref, const std::s
       got.insert(topk->as<int32_t>() + size_t(i) * cfg.n_active, topk->as<int32_t>() + size_t(i + 1) * cfg.n_active);
     out->experts_match = out->experts_match && got == want;
   }
+  return true;
+}
+
+namespace {
+
+// The distance from a bf16 value to its neighbours (one unit in the last
+// place of its binade: 8 significant bits).
+double bf16_ulp(double v) {
+  int e = 0;
+  std::frexp(v == 0 ? 1e-30 : v, &e);  // |v| in [2^(e-1), 2^e)
+  return std::ldexp(1.0, e - 8);
+}
+
+bool read_routing(const kimi::KimiConfig& cfg, const std::string& file, kimi::Routing* out, std::string* err) {
+  TensorFile f;
+  if (!read_safetensors(file, &f, err)) return false;
+  const Tensor* t = f.find("topk");
+  if (!t || t->numel() != size_t(cfg.layers()) * cfg.n_active) {
+    *err = "the output has no topk tensor of " + std::to_string(cfg.layers() * cfg.n_active) + " experts";
+    return false;
+  }
+  out->assign(cfg.layers(), {});
+  for (int i = 0; i < cfg.layers(); ++i)
+    for (int j = 0; j < cfg.n_active; ++j) {
+      const int e = t->as<int32_t>()[size_t(i) * cfg.n_active + j];
+      if (e < 0 || e >= cfg.n_experts) {
+        *err = "expert " + std::to_string(e) + " out of range in layer " + std::to_string(i);
+        return false;
+      }
+      (*out)[i].push_back(e);
+    }
+  return true;
+}
+
+}  // namespace
+
+bool within_rounding_of_topk(const std::vector<float>& logits, const std::vector<int>& chosen) {
+  std::vector<bool> in(logits.size(), false);
+  for (int e : chosen) {
+    if (e < 0 || size_t(e) >= logits.size() || in[e]) return false;  // out of range or twice
+    in[e] = true;
+  }
+  double lowest_in = INFINITY, highest_out = -INFINITY;
+  for (size_t e = 0; e < logits.size(); ++e) {
+    if (in[e]) lowest_in = std::min(lowest_in, double(logits[e]));
+    else highest_out = std::max(highest_out, double(logits[e]));
+  }
+  if (lowest_in >= highest_out) return true;
+  return highest_out - lowest_in <= bf16_ulp(std::max(std::fabs(lowest_in), std::fabs(highest_out)));
+}
+
+bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const std::string& file, const Gate& gate,
+                       CaseCheck* check, std::string* err) {
+  if (check->experts_match) return true;
+  kimi::Routing kernel;
+  std::string why;
+  // Experts the kernel did not write, or out of range, are a difference
+  // like any other: the first check stands.
+  if (!read_routing(w.cfg, file, &kernel, &why)) return true;
+  std::string flipped;
+  for (int i = 0; i < w.cfg.layers(); ++i) {
+    std::set<int> got(kernel[i].begin(), kernel[i].end()), want(ref.out.topk[i].begin(), ref.out.topk[i].end());
+    if (got == want) continue;
+    if (size_t(i) >= ref.out.router_logits.size() || !within_rounding_of_topk(ref.out.router_logits[i], kernel[i]))
+      return true;  // a real difference: the first check stands
+    flipped += (flipped.empty() ? "" : ", ") + std::to_string(i);
+  }
+  if (flipped.empty()) return true;
+  OracleCase routed = compute_oracle_case(w, ref.seed, ref.context, &kernel);
+  CaseCheck again;
+  if (!check_case(w.cfg, routed, file, gate, &again, err)) return false;
+  again.experts_match = false;  // still not the oracle's own top-k
+  again.routing_note = "experts differ from the oracle's top-k within one bf16 ulp of the router logits in layer(s) " +
+                       flipped + "; checked against the oracle routed the same way";
+  *check = again;
   return true;
 }
 

@@ -290,10 +290,12 @@ Vec expert_ffn(const QLinear& gate, const QLinear& up, const QLinear& down, cons
   return y;
 }
 
-Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& tr, std::vector<int>* topk) {
+Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& tr, const std::vector<int>* forced,
+        std::vector<int>* topk, std::vector<float>* logits_out) {
   const int E = c.n_experts;
   Vec logits = bf16_linear_t(W.router, E, c.hidden, xn);
   tr.put("router", logits);
+  logits_out->assign(logits.begin(), logits.end());
   // Softmax is monotonic, so experts are ranked by logit; equal bf16 logits
   // are ordered as PyTorch's CPU top-k orders them (see topk.h).
   const int K = c.n_active;
@@ -304,7 +306,7 @@ Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& t
   double mx = logits[order[0]], total = 0;
   Vec p(E);
   for (int e = 0; e < E; ++e) total += (p[e] = std::exp(logits[e] - mx));
-  *topk = order;
+  *topk = forced && !forced->empty() ? *forced : order;
   double wsum = 0;
   for (int e : *topk) wsum += p[e] / total;
   Vec out(c.hidden, 0.0);
@@ -324,10 +326,11 @@ Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& t
 }  // namespace
 
 void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
-                 OracleTrace* trace) {
+                 OracleTrace* trace, const Routing* routing) {
   const KimiConfig& c = w.cfg;
   Vec x = from_bf16(token, c.hidden);
   out->topk.assign(c.layers(), {});
+  out->router_logits.assign(c.layers(), {});
   out->ckv_row.assign(c.layers(), {});
   out->krope_row.assign(c.layers(), {});
   for (int i = 0; i < c.layers(); ++i) {
@@ -343,7 +346,8 @@ void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, 
     tr.put("h", h);
     Vec hn = rms_norm(h, L.moe_norm, c.rms_eps);
     tr.put("hn", hn);
-    Vec m = moe(c, L.moe, hn, tr, &out->topk[i]);
+    const std::vector<int>* forced = routing && size_t(i) < routing->size() ? &(*routing)[i] : nullptr;
+    Vec m = moe(c, L.moe, hn, tr, forced, &out->topk[i], &out->router_logits[i]);
     tr.put("moe_out", m);
     x = add_round(h, m);
     tr.put("x", x);

@@ -15,6 +15,7 @@ namespace ktune::kimi {
 struct StepOutput {
   std::vector<uint16_t> hidden;                    // bf16 [hidden]
   std::vector<std::vector<int>> topk;              // per layer: routed experts, best first
+  std::vector<std::vector<float>> router_logits;   // per layer: the bf16-rounded router logits
   std::vector<std::vector<uint16_t>> ckv_row;      // per M layer: the appended c_kv row
   std::vector<std::vector<uint16_t>> krope_row;    // per M layer: the appended k_rope row
 };
@@ -23,9 +24,15 @@ struct StepOutput {
 // of a kernel went wrong. Filled only when asked for.
 using OracleTrace = std::map<std::string, std::vector<float>>;
 
+// Experts to use instead of the top-k, per layer (an empty list: the top-k).
+using Routing = std::vector<std::vector<int>>;
+
 // Advances `state` by one token (S, windows updated; caches grow by a row).
+// With `routing`, a layer given a list routes to those experts (weighted by
+// the oracle's own probabilities): the oracle's answer for a kernel that
+// broke a near-tie of router logits the other way.
 void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
-                 OracleTrace* trace = nullptr);
+                 OracleTrace* trace = nullptr, const Routing* routing = nullptr);
 
 // y = x @ W with W dequantized exactly as the spec says, accumulated in
 // double, not rounded (callers round where the spec does).

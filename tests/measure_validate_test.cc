@@ -1,0 +1,135 @@
+// Validation (measure/validate.h): the near-tie rule for experts, and the
+// recheck against the oracle routed as the kernel routed.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "base/bf16.h"
+#include "base/fs.h"
+#include "kernels/kimi/oracle.h"
+#include "kernels/kimi/weights.h"
+#include "measure/validate.h"
+
+using namespace ktune;
+
+TEST_CASE("within_rounding_of_topk: the top-k, ties, and one bf16 ulp across the boundary") {
+  // 1.0 and 1.0078125 are neighbouring bf16 values (8 significant bits).
+  const float next = 1.0078125f, two_up = 1.015625f;
+  CHECK(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f, 0.5f}, {0, 1}));
+  CHECK(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f, 0.5f}, {1, 0}));  // order does not matter
+  CHECK_FALSE(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f, 0.5f}, {0, 2}));
+  CHECK(measure::within_rounding_of_topk({3.0f, 1.0f, 1.0f, 0.5f}, {0, 2}));  // a tie broken the other way
+  CHECK(measure::within_rounding_of_topk({3.0f, next, 1.0f, 0.5f}, {0, 2}));   // one ulp
+  CHECK_FALSE(measure::within_rounding_of_topk({3.0f, two_up, 1.0f, 0.5f}, {0, 2}));
+  CHECK(measure::within_rounding_of_topk({3.0f, -1.0f, -next, 0.5f}, {0, 3}));
+  CHECK(measure::within_rounding_of_topk({3.0f, -1.0f, -next, -2.0f}, {0, 2}));  // negative neighbours
+  CHECK_FALSE(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f}, {0, 0}));      // the same expert twice
+  CHECK_FALSE(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f}, {0, 7}));      // out of range
+}
+
+namespace {
+
+struct Tiny {
+  kimi::KimiWeights w;
+  Tiny() {
+    std::string err;
+    REQUIRE(kimi::KimiConfig::preset("tiny", &w.cfg, &err));
+    REQUIRE_MESSAGE(kimi::generate_weights(w.cfg, 5, &w.file, &err), err);
+    REQUIRE_MESSAGE(w.bind(&err), err);
+  }
+};
+
+// The oracle's experts of layer `layer` ranked by logit (best first).
+std::vector<int> ranked(const std::vector<float>& logits) {
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("the oracle routed as it routes itself gives the same answer, routed otherwise another") {
+  Tiny t;
+  measure::OracleCase own = measure::compute_oracle_case(t.w, 3, 5);
+  kimi::Routing same = own.out.topk;
+  measure::OracleCase again = measure::compute_oracle_case(t.w, 3, 5, &same);
+  CHECK(again.out.hidden == own.out.hidden);
+  CHECK(again.out.topk == own.out.topk);
+  REQUIRE(own.out.router_logits.size() == size_t(t.w.cfg.layers()));
+  CHECK(own.out.router_logits[0].size() == size_t(t.w.cfg.n_experts));
+
+  kimi::Routing other(t.w.cfg.layers());
+  other[0] = own.out.topk[0];
+  other[0].back() = ranked(own.out.router_logits[0])[t.w.cfg.n_active];  // the first expert left out
+  measure::OracleCase routed = measure::compute_oracle_case(t.w, 3, 5, &other);
+  CHECK(routed.out.topk[0] == other[0]);
+  CHECK(routed.out.hidden != own.out.hidden);
+}
+
+TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checked against the oracle routed alike") {
+  Tiny t;
+  const kimi::KimiConfig& cfg = t.w.cfg;
+  measure::OracleCase ref = measure::compute_oracle_case(t.w, 3, 5);
+  const std::vector<int> order = ranked(ref.out.router_logits[0]);
+  const int kept_out = order[cfg.n_active - 1], taken_in = order[cfg.n_active];
+  // The "kernel": the oracle's own answer when layer 0 takes the first
+  // expert outside the top-k instead of the last one inside it.
+  kimi::Routing kernel(cfg.layers());
+  kernel[0] = ref.out.topk[0];
+  std::replace(kernel[0].begin(), kernel[0].end(), kept_out, taken_in);
+  measure::OracleCase flipped = measure::compute_oracle_case(t.w, 3, 5, &kernel);
+  std::string err, dir;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
+  const std::string file = join_path(dir, "case.safetensors");
+  REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, flipped.state, flipped.out, &err), err);
+
+  measure::Gate gate;
+  measure::CaseCheck first;
+  REQUIRE_MESSAGE(measure::check_case(cfg, ref, file, gate, &first, &err), err);
+  CHECK_FALSE(first.experts_match);
+  const double flipped_cosine = first.metrics["hidden"]["cosine"].get<double>();
+  CHECK(flipped_cosine < 0.9999);  // the flip shows in the output
+
+  SUBCASE("logits far apart: the difference stands") {
+    REQUIRE_FALSE(measure::within_rounding_of_topk(ref.out.router_logits[0], kernel[0]));
+    measure::CaseCheck check = first;
+    REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
+    CHECK(check.routing_note.empty());
+    CHECK(check.passed == first.passed);
+    CHECK(check.metrics["hidden"]["cosine"].get<double>() == flipped_cosine);
+  }
+  SUBCASE("logits one bf16 ulp apart: rechecked, and it passes") {
+    // As if the oracle's two logits were neighbours (a rounding away).
+    std::vector<float>& logits = ref.out.router_logits[0];
+    logits[taken_in] = bf16_to_float(uint16_t(float_to_bf16(logits[kept_out]) - 1));
+    REQUIRE(measure::within_rounding_of_topk(logits, kernel[0]));
+    measure::CaseCheck check = first;
+    REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
+    CHECK(check.passed);
+    CHECK_FALSE(check.experts_match);
+    CHECK(check.routing_note.find("layer(s) 0") != std::string::npos);
+    CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
+  }
+  SUBCASE("experts the kernel did not write leave the first check standing") {
+    kimi::StepOutput unwritten = flipped.out;
+    for (auto& layer : unwritten.topk) std::fill(layer.begin(), layer.end(), -1);
+    REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, flipped.state, unwritten, &err), err);
+    measure::CaseCheck check;
+    REQUIRE_MESSAGE(measure::check_case(cfg, ref, file, gate, &check, &err), err);
+    const measure::CaseCheck before = check;
+    REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
+    CHECK(check.routing_note.empty());
+    CHECK(check.failure == before.failure);
+    CHECK(check.passed == before.passed);
+  }
+  SUBCASE("a kernel whose experts match is left alone") {
+    measure::CaseCheck same;
+    same.experts_match = true;
+    same.passed = true;
+    REQUIRE(measure::recheck_near_ties(t.w, ref, "no such file", gate, &same, &err));
+    CHECK(same.routing_note.empty());
+  }
+  remove_tree(dir);
+}
