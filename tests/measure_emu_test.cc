@@ -3,7 +3,12 @@
 // oracle. This is how the CUDA kernels' logic is checked without a GPU.
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
 
 #include "base/bf16.h"
 #include "base/compare.h"
@@ -19,15 +24,17 @@ using namespace ktune;
 
 namespace {
 
-// Renders a CUDA template for the emulator and builds it with g++.
-std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, const json& knobs) {
+// Renders a CUDA template (plus `extra` source after it) for the emulator
+// and builds it with g++.
+std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, const json& knobs,
+                      const std::string& extra = "") {
   const variants::Template* t = kimi::find_template(tmpl);
   REQUIRE(t);
   auto defines = kimi::config_defines(cfg);
   for (auto& [k, v] : variants::knob_defines(t->space, t->space.complete(knobs))) defines[k] = v;
   std::string src, err;
   REQUIRE_MESSAGE(variants::render_source(defines, "#include \"kernels/emu/cuda_emu.h\"\n" +
-                                                       *variants::embedded_file(t->file), &src, &err), err);
+                                                       *variants::embedded_file(t->file) + extra, &src, &err), err);
   sandbox::BuildCache cache(join_path(cache_dir(), "test-builds"));
   sandbox::BuildRequest req;
   req.source = src;
@@ -66,46 +73,26 @@ void golden_through_emu(const std::string& file, const json& knobs, const std::s
   else CHECK(sum.launches > 100);
 }
 
-}  // namespace
-
-TEST_CASE("emulated CUDA megakernel reproduces golden kimi-tiny (mma)") {
-  golden_through_emu("kimi-tiny.safetensors", {{"threads", 128}});
-}
-
-TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
-  // Odd SM counts exercise uneven splits, several attention chunks and
-  // tiles finished by another block than the one that started them.
-  setenv("KTUNE_EMU_SMS", "3", 1);
-  golden_through_emu("kimi-top8.safetensors", {{"threads", 256}});
-  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"dequant", "fma"}, {"stages", 0}, {"unroll", 1}});
-  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"stages", 2}, {"barrier", "counter"}, {"attn_heads", 32}});
-  setenv("KTUNE_EMU_SMS", "5", 1);
-  golden_through_emu("kimi-top8.safetensors",
-                     {{"threads", 512}, {"unroll", 8}, {"waves", 4}, {"attn_heads", 4}, {"load_hint", "plain"},
-                      {"prefetch", 0}, {"barrier", "coop"}, {"stages", 0}});
-  golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 2}, {"stages", 6}, {"barrier", "counter"}});
-  golden_through_emu("kimi-top8.safetensors", {{"early", 0}, {"barrier", "atomic"}});
-  unsetenv("KTUNE_EMU_SMS");
-}
-
-TEST_CASE("emulated CUDA baseline reproduces golden kimi-tiny and kimi-top8") {
-  golden_through_emu("kimi-tiny.safetensors", json::object(), "kimi-base-cuda");
-  golden_through_emu("kimi-top8.safetensors", json::object(), "kimi-base-cuda");
-}
-
-TEST_CASE("emulated CUDA megakernel with many heads per warp matches the oracle") {
-  // 16 MLA heads in one attention item over 4 warps: 4 heads per warp, and
-  // a context long enough for several row tiles per chunk.
+// The tiny model with its MLA layer resized.
+kimi::KimiConfig tiny_mla(const char* name, int heads, int kv_lora) {
   kimi::KimiConfig cfg;
   std::string err;
   REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
-  cfg.name = "tiny-wide";
-  cfg.mla_heads = 16;
+  cfg.name = name;
+  cfg.mla_heads = heads;
+  cfg.kv_lora = kv_lora;
+  return cfg;
+}
+
+// One step at contexts 0, 97 and 300 (two SMs) against the oracle: the
+// output hidden and the MLA layer's new cache row.
+void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs) {
+  std::string err;
   kimi::KimiWeights w;
   w.cfg = cfg;
   REQUIRE_MESSAGE(kimi::generate_weights(cfg, 5, &w.file, &err), err);
   REQUIRE_MESSAGE(w.bind(&err), err);
-  std::string so = build_emu(cfg, "kimi-mega-cuda", {{"threads", 128}, {"attn_heads", 16}, {"stages", 3}});
+  std::string so = build_emu(cfg, "kimi-mega-cuda", knobs);
   setenv("KTUNE_EMU_SMS", "2", 1);
   measure::EmuBackend be(cfg);
   REQUIRE_MESSAGE(be.init(w, 512, &err), err);
@@ -123,9 +110,178 @@ TEST_CASE("emulated CUDA megakernel with many heads per warp matches the oracle"
     Similarity row = similarity(out.ckv_row[3].size(), [&](size_t i) {
       return std::pair{double(bf16_to_float(out.ckv_row[3][i])), double(bf16_to_float(ref.out.ckv_row[3][i]))};
     });
-    std::printf("emu wide-heads context %d: hidden cos %.7f, cache row cos %.7f\n", context, h.cosine, row.cosine);
+    std::printf("emu %s %s context %d: hidden cos %.7f, cache row cos %.7f\n", cfg.name.c_str(), knobs.dump().c_str(),
+                context, h.cosine, row.cosine);
     CHECK(h.cosine >= 0.9999);
     CHECK(row.cosine >= 0.9999);
   }
   unsetenv("KTUNE_EMU_SMS");
+}
+
+}  // namespace
+
+TEST_CASE("emulated CUDA megakernel reproduces golden kimi-tiny (mma)") {
+  golden_through_emu("kimi-tiny.safetensors", {{"threads", 128}});
+}
+
+TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
+  // Odd SM counts exercise uneven splits, several attention chunks and
+  // tiles finished by another block than the one that started them.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 256}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 256}, {"pipeline", 1}, {"scales", "smem"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"pipeline", 1}, {"unroll", 1}, {"dequant", "fma"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"dequant", "fma"}, {"stages", 0}, {"unroll", 1}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"stages", 2}, {"barrier", "counter"}, {"attn_heads", 32}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"attn", "mma"}, {"attn_heads", 16}});
+  setenv("KTUNE_EMU_SMS", "5", 1);
+  golden_through_emu("kimi-top8.safetensors",
+                     {{"threads", 512}, {"unroll", 8}, {"waves", 4}, {"attn_heads", 4}, {"load_hint", "plain"},
+                      {"prefetch", 0}, {"barrier", "coop"}, {"stages", 0}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 2}, {"stages", 6}, {"barrier", "counter"}});
+  golden_through_emu("kimi-top8.safetensors", {{"early", 0}, {"barrier", "atomic"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn", "mma"}, {"attn_heads", 4}, {"stages", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"attn", "mma"}, {"blocks_per_sm", 2}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 4}, {"scales", "smem"}, {"unroll", 2}});
+  unsetenv("KTUNE_EMU_SMS");
+}
+
+TEST_CASE("emulated CUDA baseline reproduces golden kimi-tiny and kimi-top8") {
+  golden_through_emu("kimi-tiny.safetensors", json::object(), "kimi-base-cuda");
+  golden_through_emu("kimi-top8.safetensors", json::object(), "kimi-base-cuda");
+}
+
+TEST_CASE("emulated CUDA megakernel with many heads per warp matches the oracle") {
+  // 16 MLA heads in one attention item over 4 warps: 4 heads per warp (fma),
+  // one m16 tile (mma), and a context long enough for several row tiles per
+  // chunk, the last one partial.
+  const kimi::KimiConfig cfg = tiny_mla("tiny-wide", 16, 128);
+  oracle_through_emu(cfg, {{"threads", 128}, {"attn_heads", 16}, {"stages", 4}});
+  oracle_through_emu(cfg, {{"threads", 128}, {"attn_heads", 16}, {"stages", 4}, {"attn", "mma"}});
+}
+
+TEST_CASE("emulated CUDA megakernel with mma attention at the full head count and latent width matches the oracle") {
+  // 32 heads x 512 latent dims, as in the full model: over 4 warps an item
+  // needs two passes of 16 heads (registers), over 8 warps one pass of two
+  // m16 tiles.
+  const kimi::KimiConfig cfg = tiny_mla("tiny-mla-full", 32, 512);
+  oracle_through_emu(cfg, {{"threads", 128}, {"attn_heads", 32}, {"attn", "mma"}});
+  oracle_through_emu(cfg, {{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"stages", 2}});
+}
+
+namespace {
+
+// Runs attn_phase (fma) or attn_phase_mma over layer 0's cache, alone.
+const char* kAttnHarness = R"(
+static void kt_attn_harness(const KimiDeviceArgs& a, const KtLaunchArgs& l) {
+  mk::Ctx c{a, reinterpret_cast<mk::Scratch*>(a.scratch), reinterpret_cast<mk::Smem*>(kt_smem()), int(threadIdx.x),
+            int(threadIdx.x) & 31, int(threadIdx.x) >> 5};
+  if (l.a[0]) mk::attn_phase_mma(c, a.layers[0].mla, a.context);
+  else mk::attn_phase(c, a.layers[0].mla, a.context);
+}
+extern "C" int attn_harness(int mma, int grid, const void* args, char* err, int errlen) {
+  KtLaunchArgs l{{mma, 0, 0, 0}};
+  return kt_emu::launch(+[](const void* a, const void* p) {
+      kt_attn_harness(*static_cast<const KimiDeviceArgs*>(a), *static_cast<const KtLaunchArgs*>(p));
+    }, unsigned(grid), KT_THREADS, sizeof(mk::Smem), true, args, &l, err, size_t(errlen));
+}
+extern "C" void attn_harness_layout(size_t* o) {
+  o[0] = sizeof(mk::Scratch);
+  o[1] = __builtin_offsetof(mk::Scratch, q_abs);
+  o[2] = __builtin_offsetof(mk::Scratch, mla_q);
+  o[3] = __builtin_offsetof(mk::Scratch, attn_m);
+  o[4] = __builtin_offsetof(mk::Scratch, attn_l);
+  o[5] = __builtin_offsetof(mk::Scratch, attn_acc);
+}
+)";
+
+// The mma phase against the fma phase on random queries large enough for a
+// peaked softmax (where scores matter): per (chunk, head) the same max, sum
+// and weighted sum of latent rows. The mma path's bf16 hi + lo parts of the
+// queries and weights carry 16 significant bits (fp32: 24), so they agree to
+// a few 1e-5, not to the last bit.
+void compare_attention(int mla_heads, int kv_lora, const json& knobs) {
+  const kimi::KimiConfig cfg = tiny_mla("tiny", mla_heads, kv_lora);
+  std::string so = build_emu(cfg, "kimi-mega-cuda", knobs, kAttnHarness);
+  void* lib = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE_MESSAGE(lib, dlerror());
+  auto run = reinterpret_cast<int (*)(int, int, const void*, char*, int)>(dlsym(lib, "attn_harness"));
+  auto layout = reinterpret_cast<void (*)(size_t*)>(dlsym(lib, "attn_harness_layout"));
+  REQUIRE((run && layout));
+  size_t off[6];
+  layout(off);
+  const int MH = mla_heads, R = kv_lora, QH = cfg.qk_nope + cfg.qk_rope, ROPE = cfg.qk_rope, cap = 512, grid = 5;
+  std::vector<float> scratch_words(off[0] / 4 + 4, 0.0f);  // 16-byte aligned by the allocator
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(scratch_words.data());
+  float* q_abs = reinterpret_cast<float*>(scratch + off[1]);
+  uint16_t* mla_q = reinterpret_cast<uint16_t*>(scratch + off[2]);
+  float* m = reinterpret_cast<float*>(scratch + off[3]);
+  float* l = reinterpret_cast<float*>(scratch + off[4]);
+  float* acc = reinterpret_cast<float*>(scratch + off[5]);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> wide(0.0f, 2.0f), cache(0.0f, 0.1f);
+  for (int i = 0; i < MH * R; ++i) q_abs[i] = wide(rng);
+  for (int i = 0; i < MH * QH; ++i) mla_q[i] = float_to_bf16(wide(rng) * 4);
+  std::vector<uint16_t> c_kv(size_t(cap) * R), k_rope(size_t(cap) * ROPE);
+  for (auto& v : c_kv) v = float_to_bf16(cache(rng));
+  for (auto& v : k_rope) v = float_to_bf16(cache(rng));
+  KimiDeviceArgs args{};
+  args.layers[0].mla.c_kv = c_kv.data();
+  args.layers[0].mla.k_rope = k_rope.data();
+  args.scratch = scratch;
+  const int heads_per_item = std::min(knobs.value("attn_heads", 8), MH);
+  for (int context : {0, 37, 300}) {
+    const int rows = context + 1;
+    const int nch = std::max(1, std::min({grid / (MH / heads_per_item), (rows + 3) / 4, 512}));
+    const size_t slots = size_t(nch) * MH;
+    std::vector<float> out[2][3];
+    args.context = context;
+    for (int mma = 0; mma < 2; ++mma) {
+      std::fill(m, m + slots, NAN);
+      std::fill(l, l + slots, NAN);
+      std::fill(acc, acc + slots * R, NAN);
+      char msg[256] = "";
+      REQUIRE_MESSAGE(run(mma, grid, &args, msg, sizeof msg), msg);
+      out[mma][0].assign(m, m + slots);
+      out[mma][1].assign(l, l + slots);
+      out[mma][2].assign(acc, acc + slots * R);
+    }
+    double worst_m = 0, worst_l = 0, worst_o = 0;
+    for (size_t s = 0; s < slots; ++s) {
+      const double m0 = out[0][0][s], m1 = out[1][0][s], l0 = out[0][1][s], l1 = out[1][1][s];
+      REQUIRE(std::isfinite(m0));
+      REQUIRE(std::isfinite(m1));
+      worst_m = std::max(worst_m, std::abs(m1 - m0) / std::max(1.0, std::abs(m0)));
+      // The same sum of exp(score) whatever max each subtracted.
+      worst_l = std::max(worst_l, std::abs(l1 * std::exp(m1 - m0) / l0 - 1));
+      double top = 0, diff = 0;
+      for (int r = 0; r < R; ++r) {
+        const double o0 = out[0][2][s * R + r] / l0, o1 = out[1][2][s * R + r] / l1;
+        REQUIRE(std::isfinite(o1));
+        top = std::max(top, std::abs(o0));
+        diff = std::max(diff, std::abs(o1 - o0));
+      }
+      worst_o = std::max(worst_o, diff / top);
+    }
+    std::printf("emu attention mma vs fma, %d heads x %d dims %s context %d: max rel diff m %.2e, l %.2e, o %.2e\n",
+                MH, R, knobs.dump().c_str(), context, worst_m, worst_l, worst_o);
+    CHECK(worst_m < 1e-4);
+    CHECK(worst_l < 1e-4);
+    CHECK(worst_o < 1e-4);
+  }
+  dlclose(lib);
+}
+
+}  // namespace
+
+TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's partials") {
+  // Full-size heads and latent width: two passes of 16 heads (4 warps), two
+  // m16 tiles per pass (8 warps), an item of 8 heads padded to 16 (16 warps),
+  // two blocks per SM; then the tiny model's 128 dims over more warps than
+  // 16-dim slices (half the warps idle in the mma steps).
+  compare_attention(32, 512, {{"threads", 128}, {"attn_heads", 32}, {"attn", "mma"}});
+  compare_attention(32, 512, {{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}});
+  compare_attention(32, 512, {{"threads", 512}, {"attn_heads", 8}, {"attn", "mma"}});
+  compare_attention(32, 512, {{"threads", 256}, {"attn_heads", 16}, {"attn", "mma"}, {"blocks_per_sm", 2}});
+  compare_attention(2, 128, {{"threads", 512}, {"attn", "mma"}});
 }

@@ -21,16 +21,24 @@ KnobSpace cuda_mega_space() {
        "per launch (one atomic per block per barrier)"},
       {"dequant", "KT_DEQUANT", {"fma", "mma"}, "mma",
        "int4 dequant feeding fp32 FMAs, or bf16 tensor-core mma (m16n8k16)"},
-      {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 4, "16-row chunks of 16-byte weight loads in flight per warp"},
+      {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 2, "16-row chunks of 16-byte weight loads in flight per warp"},
       {"load_hint", "KT_LOAD_HINT", {"plain", "stream"}, "stream",
        "weight loads: plain (L1-cached), or streaming past L1 with an evict-first L2 policy"},
-      {"prefetch", "KT_PREFETCH", {0, 1}, 1,
+      {"prefetch", "KT_PREFETCH", {0, 1}, 0,
        "prefetch the next phase's weights into L2 before waiting at a grid barrier"},
-      {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 8, "MLA heads per attention work item"},
+      {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 16, "MLA heads per attention work item"},
+      {"attn", "KT_ATTN", {"fma", "mma"}, "mma",
+       "attention scores and weighted sums on fp32 FMAs with warp shuffles, or on bf16 tensor-core mma "
+       "(16 heads x 16 cached rows per tile)"},
+      {"pipeline", "KT_PIPELINE", {0, 1}, 0,
+       "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
+      {"scales", "KT_SCALES", {"global", "smem"}, "global",
+       "GEMV scales and zeros: loaded by each warp when its group changes, or copied for the whole work item "
+       "into shared memory (cp.async) while the first weights load"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
-      {"stages", "KT_STAGES", {0, 2, 3, 4, 6}, 0,
-       "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async pipeline through shared "
-       "memory, one quantization group per stage"},
+      {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12}, 0,
+       "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async ring through shared "
+       "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
@@ -40,8 +48,8 @@ KnobSpace cuda_mega_space() {
       *why = "threads x blocks_per_sm exceeds 1024 (SM thread limit 2048 with headroom for registers)";
       return false;
     }
-    // An attention item gives each warp at most 4 heads (registers).
-    if (p["attn_heads"].get<int>() > 4 * (p["threads"].get<int>() / 32)) {
+    // The fma attention gives each warp at most 4 of an item's heads (registers).
+    if (p["attn"].get<std::string>() == "fma" && p["attn_heads"].get<int>() > 4 * (p["threads"].get<int>() / 32)) {
       *why = "attn_heads exceeds 4 heads per warp";
       return false;
     }

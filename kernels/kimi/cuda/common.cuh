@@ -123,6 +123,37 @@ KT_DEV void kt_mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&
 #endif
 }
 
+// Four 8x8 bf16 matrices from shared memory, one fragment register each:
+// lane i gives the address of row i % 8 of matrix i / 8 (16 contiguous
+// bytes, 16-byte aligned). r[j] of lane (g, t) = M_j[g][2t..2t+1], or with
+// trans M_j[2t][g] (low half) and M_j[2t+1][g] (high half).
+template <bool trans>
+KT_DEV void kt_ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#ifdef KT_EMULATION
+  auto slots = kt_emu::warp_gather(&row, sizeof row);
+  auto element = [&](int lane, int e) {
+    const uint16_t* p;
+    memcpy(&p, slots[lane], sizeof p);
+    return uint32_t(p[e]);
+  };
+  const int lane = int(kt_emu::lane_id()), g = lane / 4, t = lane % 4;
+  for (int j = 0; j < 4; ++j)
+    r[j] = trans ? element(8 * j + 2 * t, g) | (element(8 * j + 2 * t + 1, g) << 16)
+                 : element(8 * j + g, 2 * t) | (element(8 * j + g, 2 * t + 1) << 16);
+  kt_emu::warp_release();
+#else
+  const unsigned s = unsigned(__cvta_generic_to_shared(row));
+  if (trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#endif
+}
+
 // ---- loads ---------------------------------------------------------------------
 // Weights are read once per step: stream them past L1 and mark them first
 // to evict from L2 (hint = 1), or load them plainly (hint = 0).
@@ -149,7 +180,8 @@ KT_DEV uint4 kt_ld_weights(const void* p) {
 
 // Data written earlier in the same launch by other blocks: read at L2
 // (never a stale L1 line).
-KT_DEV float kt_ld_cg(const float* p) {
+template <class T>  // float, float2, int: types __ldcg takes as they are
+KT_DEV T kt_ld_cg(const T* p) {
 #ifdef KT_EMULATION
   return *p;
 #else
@@ -161,13 +193,6 @@ KT_DEV uint16_t kt_ld_cg(const uint16_t* p) {
   return *p;
 #else
   return __ldcg(reinterpret_cast<const unsigned short*>(p));
-#endif
-}
-KT_DEV int kt_ld_cg(const int* p) {
-#ifdef KT_EMULATION
-  return *p;
-#else
-  return __ldcg(p);
 #endif
 }
 

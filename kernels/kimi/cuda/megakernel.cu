@@ -25,7 +25,7 @@
 // atomic counter) sums them in a fixed order and runs the epilogue.
 //
 // Knobs (#defines prepended by the renderer): KT_THREADS, KT_BLOCKS_PER_SM,
-// KT_BARRIER (0 atomic, 1 cooperative groups), KT_DEQUANT (0 fma, 1 mma),
+// KT_BARRIER (0 atomic, 1 cooperative groups, 2 counter), KT_DEQUANT (0 fma, 1 mma),
 // KT_UNROLL (chunks of loads in flight per warp), KT_LOAD_HINT (0 plain,
 // 1 evict-first streaming), KT_PREFETCH (1: prefetch the next phase's
 // weights into L2 before waiting at a barrier), KT_ATTN_HEADS (heads per
@@ -33,8 +33,13 @@
 // KT_STAGES (0: weights loaded into registers as above; n > 0: streamed
 // through an n-deep cp.async pipeline in shared memory, one quantization
 // group per stage), KT_EARLY (1, with stages: the first stages of a block's
-// next GEMV item are issued before it waits at the barrier), KT_PROFILE (1: block 0 stamps the start of every phase
-// into args.trace, for `ktune bench`'s per-phase table).
+// next GEMV item are issued before it waits at the barrier), KT_PIPELINE
+// (1, register path: a warp issues its next batch of weight loads before
+// computing the current one), KT_SCALES (1: an item's scales and zeros are
+// copied into shared memory while its first weights load, instead of each
+// warp fetching them when its group changes), KT_ATTN (1: attention on
+// tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
+// of every phase into args.trace, for `ktune bench`'s per-phase table).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -90,10 +95,11 @@ struct alignas(16) Scratch {
 // fragment loads hit distinct banks, plus the group's scales and zeros.
 constexpr int STAGES = KT_STAGES > 0 ? KT_STAGES : 1;
 constexpr int STAGE_CHUNKS = G / CHUNK;
+// An item spans at most KMAX / G + 1 groups (KT_SCALES 1 stages them all).
+constexpr int kScaleGroups = KT_SCALES == 1 && KT_STAGES == 0 ? KMAX / G + 1 : 1;
 struct alignas(16) Stage {
   uint8_t w[STAGE_CHUNKS * 8 * TILE];
   uint16_t sc[TILE], ze[TILE];
-  uint32_t ss[TILE], zz[TILE];  // expanded: packed (s, s) and (128 + z, 128 + z)
 };
 // An attention tile: ATT_ROWS cached rows (latent and rope parts).
 constexpr int ATT_ROWS = 16, ATT_STAGES = 3;
@@ -101,9 +107,28 @@ struct alignas(16) AttTile {
   uint16_t c[ATT_ROWS][R];
   uint16_t k[ATT_ROWS][ROPE];
 };
-constexpr int kPipeBytes = int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0) > int(sizeof(AttTile)) * ATT_STAGES
-                               ? int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0)
-                               : int(sizeof(AttTile)) * ATT_STAGES;
+// The mma attention's shared memory (KT_ATTN 1; attention_mma.cuh says why):
+// rows padded by 16 bytes, partial scores of AM_WD warps, probabilities as
+// bf16 hi + lo, rescale factors. AM_HP heads per pass over a chunk: 32 only
+// where two m16 tiles' accumulators and queries (2 AM_DW registers) fit.
+constexpr int AM_STAGES = KT_BLOCKS_PER_SM == 1 ? 4 : 2;
+constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
+constexpr int AM_WD = WARPS < R / 16 && WARPS <= AM_WMAX ? WARPS : R / 16 < AM_WMAX ? R / 16 : AM_WMAX;
+constexpr int AM_DW = R / AM_WD;
+constexpr int kRegBudget = 65536 / (THREADS * KT_BLOCKS_PER_SM) < 255 ? 65536 / (THREADS * KT_BLOCKS_PER_SM) : 255;
+constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
+struct alignas(16) AttMmaTile {
+  uint16_t c[ATT_ROWS][R + 8];
+  uint16_t k[ATT_ROWS][ROPE + 8];
+};
+struct alignas(16) AttMma {
+  AttMmaTile tile[AM_STAGES];
+  float part[AM_WD][AM_HP][ATT_ROWS + 8];
+  uint16_t p[2][AM_HP][ATT_ROWS + 8];
+  float corr[AM_HP];
+};
+constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0), int(sizeof(AttTile)) * ATT_STAGES),
+                                KT_ATTN == 1 ? int(sizeof(AttMma)) : 0);
 
 // ---- per-block shared memory ------------------------------------------------------
 struct alignas(16) Smem {
@@ -121,6 +146,7 @@ struct alignas(16) Smem {
   float lv[E];
   ktune::kimi::topk_detail::Item items[E];
   alignas(16) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles
+  alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
 };
 
 struct Ctx {
@@ -130,17 +156,29 @@ struct Ctx {
   int tid, lane, warp;
   unsigned target = 0;  // the counter barrier's next goal (thread 0)
   int stamp = 0;        // profile entries written
+  int layer = 0, phase = 0;  // the phase stamped last (profile)
+  int items = 0;        // GEMV items this block has finished in that phase
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
   bool routed = false;  // this block has selected the current MoE layer's experts
 };
 
-// Profile: block 0 stamps (tag, time) at the start of each phase. The tag is
-// layer * 16 + phase (see kPhaseNames in agent/bench.cc).
+// Profile: block 0 stamps (tag, time) at the start of each phase, tag
+// layer * 16 + phase, and at points inside it (kPhase* below), tag 1024 +
+// (layer * 16 + phase) * 16 + point (see kPhaseNames in agent/bench.cc).
+// The runner's trace holds 512 stamps.
+constexpr int kPhaseItem = 9, kPhaseItemComputed = 10, kPhaseItemDone = 11, kPhaseBarrier = 12,
+              kPhasePrefetch = 13;
 KT_DEV void stamp(Ctx& c, int layer, int phase) {
 #if KT_PROFILE
-  if (blockIdx.x == 0 && c.tid == 0 && c.a.trace) {
+  const bool point = phase >= kPhaseItem;
+  if (!point) {
+    c.layer = layer;
+    c.phase = phase;
+    c.items = 0;
+  }
+  if (blockIdx.x == 0 && c.tid == 0 && c.a.trace && c.stamp < 511) {
     unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
-    t[1 + 2 * c.stamp] = (unsigned long long)(layer * 16 + phase);
+    t[1 + 2 * c.stamp] = (unsigned long long)(point ? 1024 + (c.layer * 16 + c.phase) * 16 + phase : layer * 16 + phase);
     t[2 + 2 * c.stamp] = kt_globaltimer();
     t[0] = (unsigned long long)(++c.stamp);
   }
@@ -152,8 +190,12 @@ KT_DEV void stamp(Ctx& c, int layer, int phase) {
 }
 
 KT_DEV int imin(int a, int b) { return a < b ? a : b; }
+KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-KT_DEV void barrier(Ctx& c) { kt_grid_sync<KT_BARRIER>(&c.s->bar, &c.target); }
+KT_DEV void barrier(Ctx& c) {
+  stamp(c, c.layer, kPhaseBarrier);
+  kt_grid_sync<KT_BARRIER>(&c.s->bar, &c.target);
+}
 
 // ---- small block-wide helpers -------------------------------------------------------
 KT_DEV float block_sum(Ctx& c, float v) {
@@ -176,27 +218,65 @@ KT_DEV float block_max(Ctx& c, float v) {
   return t;
 }
 
+// Staging an input vector: every thread first issues all of its 16-byte
+// loads, then uses them, so a block pays one round trip to L2, not one per
+// loop trip.
+constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+constexpr int kNormLoads = cdiv(D / 8, THREADS);              // 16-byte loads per thread, RMSNorm
+constexpr int kVecLoads = cdiv(cmax(C, MO) / 8, THREADS);     // and a staged bf16 vector
+
 // xs = RMSNorm(x, w) as bf16 pairs; x was written earlier in this launch.
 KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
-  float ss = 0;
-  for (int k = c.tid; k < D; k += THREADS) {
-    float v = kt_bf2f(kt_ld_cg(x + k));
-    ss += v * v;
+  constexpr int V = D / 8, PER = kNormLoads;  // 8 values per 16-byte load
+  uint4 xv[PER], wv[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = c.tid + i * THREADS;
+    if (v < V) {
+      xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
+      wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
+    }
   }
-  float inv = rsqrtf(block_sum(c, ss) / float(D) + float(KT_EPS));
-  for (int p = c.tid; p < D / 2; p += THREADS) {
-    float v0 = kt_bf2f(kt_ld_cg(x + 2 * p)), v1 = kt_bf2f(kt_ld_cg(x + 2 * p + 1));
-    c.sm->xs_hi[p] = kt_pack(v0 * inv * kt_bf2f(w[2 * p]), v1 * inv * kt_bf2f(w[2 * p + 1]));
-    c.sm->xs_lo[p] = 0;
+  float ss = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i)
+    if (c.tid + i * THREADS < V)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t p = word_of(xv[i], j);
+        ss += kt_lo(p) * kt_lo(p) + kt_hi(p) * kt_hi(p);
+      }
+  const float inv = rsqrtf(block_sum(c, ss) / float(D) + float(KT_EPS));
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = c.tid + i * THREADS;
+    if (v < V)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t p = word_of(xv[i], j), q = word_of(wv[i], j);
+        c.sm->xs_hi[4 * v + j] = kt_pack(kt_lo(p) * inv * kt_lo(q), kt_hi(p) * inv * kt_hi(q));
+        c.sm->xs_lo[4 * v + j] = 0;
+      }
   }
   __syncthreads();
 }
 
-// xs = a bf16 vector written earlier in this launch.
+// xs = a bf16 vector of n (<= max(C, MO)) values written earlier in this launch.
 KT_DEV void stage_bf16(Ctx& c, const uint16_t* x, int n) {
-  for (int p = c.tid; p < n / 2; p += THREADS) {
-    c.sm->xs_hi[p] = uint32_t(kt_ld_cg(x + 2 * p)) | (uint32_t(kt_ld_cg(x + 2 * p + 1)) << 16);
-    c.sm->xs_lo[p] = 0;
+  constexpr int PER = kVecLoads;
+  uint4 xv[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = c.tid + i * THREADS;
+    if (v < n / 8) xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = c.tid + i * THREADS;
+    if (v < n / 8) {
+      reinterpret_cast<uint4*>(c.sm->xs_hi)[v] = xv[i];
+      reinterpret_cast<uint4*>(c.sm->xs_lo)[v] = make_uint4(0, 0, 0, 0);
+    }
   }
   __syncthreads();
 }
@@ -255,7 +335,6 @@ KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (
   expand_scales(fetch_scales(sg, grp, col, active), active, ss, zz);
 }
 
-KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // One 16-row chunk for this warp: wa/wb are the lane's 16 bytes at k-pairs
 // t and t+4 (16 columns), ss/zz its columns' scale and zero pairs, and
@@ -297,44 +376,123 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
 #endif
 }
 
-// Register path (KT_STAGES 0): accumulates chunks [l0, l1) of one matrix
-// segment, each warp loading its own weights, KT_UNROLL chunks at a time.
-// xh/xl point at the segment's first k-pair in shared memory.
-KT_DEV void gemv_accumulate(const Seg& sg, int l0, int l1, const uint32_t* xh, const uint32_t* xl,
-                            float (&acc)[16], float (&mma_acc)[8][4]) {
+// Register path (KT_STAGES 0). A warp takes a range of an item's chunks,
+// one matrix segment at a time, KT_UNROLL chunks per batch of loads. With
+// KT_PIPELINE the next batch is issued before the current one is computed
+// (two register buffers), so a warp always has loads in flight.
+constexpr int U = KT_UNROLL;
+
+// Issues the loads of chunks [l, l + U) of segment sg (zeros from l1 on).
+KT_DEV void load_batch(const Seg& sg, int l, int l1, uint4 (&wa)[U], uint4 (&wb)[U]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int col = sg.n0 + 16 * g;
   const bool active = col < sg.N;
-  const uint8_t* wbase = sg.wq + col;
-  uint32_t ss[16], zz[16];
-  int cur_group = -1;
-  constexpr int U = KT_UNROLL;
-  for (int l = l0; l < l1; l += U) {
-    uint4 wa[U], wb[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int lc = l + u;
-      if (lc < l1 && active) {
-        const size_t kp = size_t(lc) * 8 + t;
-        wa[u] = kt_ld_weights<KT_LOAD_HINT>(wbase + kp * sg.N);
-        wb[u] = kt_ld_weights<KT_LOAD_HINT>(wbase + (kp + 4) * sg.N);
-      } else {
-        wa[u] = make_uint4(0, 0, 0, 0);
-        wb[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int lc = l + u;
-      if (lc >= l1) break;
-      const int grp = lc * CHUNK / G;
-      if (grp != cur_group) {
-        load_scales(sg, grp, col, active, ss, zz);
-        cur_group = grp;
-      }
-      chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
+  for (int u = 0; u < U; ++u) {
+    const int lc = l + u;
+    if (lc < l1 && active) {
+      const uint8_t* w = sg.wq + col + (size_t(lc) * 8 + t) * sg.N;
+      wa[u] = kt_ld_weights<KT_LOAD_HINT>(w);
+      wb[u] = kt_ld_weights<KT_LOAD_HINT>(w + 4 * size_t(sg.N));
+    } else {
+      wa[u] = make_uint4(0, 0, 0, 0);
+      wb[u] = make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// Computes chunks [l, l + U) of segment sg (stopping at l1). gs: the scales
+// of group grp of the segment are at gs[grp] in shared memory (KT_SCALES 1).
+// xh/xl: the segment's first k-pair of the staged input.
+KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][TILE], const uint32_t* xh,
+                          const uint32_t* xl, const uint4 (&wa)[U], const uint4 (&wb)[U], int& cur_group,
+                          uint32_t (&ss)[16], uint32_t (&zz)[16], float (&acc)[16], float (&mma_acc)[8][4]) {
+  const int g = (threadIdx.x & 31) >> 2, col = sg.n0 + 16 * g;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int lc = l + u;
+    if (lc >= l1) break;
+    const int grp = lc / STAGE_CHUNKS;
+    if (grp != cur_group) {
+      cur_group = grp;
+#if KT_SCALES == 1
+      const uint4* sv = reinterpret_cast<const uint4*>(gs[grp][0] + 16 * g);
+      const uint4* zv = reinterpret_cast<const uint4*>(gs[grp][1] + 16 * g);
+      expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, col < sg.N, ss, zz);
+#else
+      (void)gs;
+      load_scales(sg, grp, col, col < sg.N, ss, zz);
+#endif
+    }
+    chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
+  }
+}
+
+// Accumulates chunks [l0, l1) of one segment.
+KT_DEV void gemv_segment(const Seg& sg, int l0, int l1, const uint16_t (*gs)[2][TILE], const uint32_t* xh,
+                         const uint32_t* xl, float (&acc)[16], float (&mma_acc)[8][4]) {
+  uint32_t ss[16], zz[16];
+  int cur_group = -1;
+  uint4 wa0[U], wb0[U];
+  load_batch(sg, l0, l1, wa0, wb0);
+#if KT_PIPELINE
+  uint4 wa1[U], wb1[U];
+  for (int l = l0; l < l1; l += 2 * U) {
+    load_batch(sg, l + U, l1, wa1, wb1);
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ss, zz, acc, mma_acc);
+    if (l + U >= l1) break;
+    load_batch(sg, l + 2 * U, l1, wa0, wb0);
+    compute_batch(sg, l + U, l1, gs, xh, xl, wa1, wb1, cur_group, ss, zz, acc, mma_acc);
+  }
+#else
+  for (int l = l0; l < l1; l += U) {
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ss, zz, acc, mma_acc);
+    if (l + U < l1) load_batch(sg, l + U, l1, wa0, wb0);
+  }
+#endif
+}
+
+template <class P>
+KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1);
+
+// One item's k range [kc0, kc1): this warp takes an equal share of it.
+template <class P>
+KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc)[16], float (&mma_acc)[8][4]) {
+#if KT_SCALES == 1
+  stage_scales(c, p, tile, kc0, kc1);
+#endif
+  p.stage(c, tile, kc0, kc1);
+#if KT_SCALES == 1
+  kt_cp_async_wait<0>();
+  __syncthreads();
+#endif
+  const int segc = p.seg_chunks(tile), gg0 = kc0 / STAGE_CHUNKS;
+  const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
+  for (int kc = wc0; kc < wc1;) {
+    const int s = kc / segc, l0 = kc % segc;
+    const int l1 = (l0 + (wc1 - kc)) < segc ? (l0 + (wc1 - kc)) : segc;
+    const int xoff = s * segc * 8;  // k-pairs before this segment in the tile's input
+    // The segment's group 0 in the item's staged scales (may lie before the array).
+    const uint16_t(*gs)[2][TILE] = c.sm->gscale + (s * segc / STAGE_CHUNKS - gg0);
+    gemv_segment(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
+    kc += l1 - l0;
+  }
+}
+
+template <class P>
+KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1) {
+  const int gps = p.seg_chunks(tile) / STAGE_CHUNKS;  // groups per segment
+  const int gg0 = kc0 / STAGE_CHUNKS, gg1 = (kc1 + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
+  // 16-byte pieces: per group, 16 of scales then 16 of zeros (128 columns).
+  for (int i = c.tid; i < (gg1 - gg0) * 32; i += THREADS) {
+    const int gg = gg0 + i / 32, which = (i / 16) & 1, piece = i % 16;
+    const Seg sg = p.seg(tile, gg / gps);
+    const int col = sg.n0 + piece * 8;
+    const bool valid = col < sg.N;
+    const uint16_t* src = (which ? sg.ze : sg.sc) + size_t(gg % gps) * sg.N + col;
+    kt_cp_async16(&c.sm->gscale[gg - gg0][which][piece * 8], valid ? src : sg.sc, valid);
+  }
+  kt_cp_async_commit();
 }
 
 // Staged path: all threads copy one group of a tile (64 packed row pairs x
@@ -370,48 +528,42 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
   }
 }
 
+// One __syncthreads per stage: it tells every thread that stage s has
+// landed (each thread waited for its own copies) and that every warp is done
+// with stage s - 1, whose slot then takes stage s + STAGES - 1. Each lane
+// reads its 16 columns' raw scales and zeros from the stage and expands
+// them itself (no separate expansion pass and its two extra barriers).
 template <class P>
 KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
   Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
   const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
   const int n = g1 - g0;
-  auto issue = [&](int s) {
-    const int grp = g0 + s;
-    issue_stage(c, stages[s % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
-  };
   // Started before the barrier that preceded this phase (KT_EARLY), or now.
   if (!c.early) stage_prologue(c, p, tile, g0, g1);
   c.early = false;
-  const int lane = c.lane, g = lane >> 2, t = lane & 3;
+  const int lane = c.lane, g = lane >> 2, t = lane & 3, sw = (t & 3) << 1;
   for (int s = 0; s < n; ++s) {
-    if (s + STAGES - 1 < n) issue(s + STAGES - 1);
+    kt_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (s + STAGES - 1 < n) {
+      const int grp = g0 + s + STAGES - 1;
+      issue_stage(c, stages[(s + STAGES - 1) % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
+    }
     kt_cp_async_commit();
-    kt_cp_async_wait<STAGES - 1>();
-    __syncthreads();
-    Stage& st = stages[s % STAGES];
-    for (int i = c.tid; i < TILE; i += THREADS) {
-      const uint32_t sv = st.sc[i], zv = kt_f2bf(128.0f + kt_bf2f(st.ze[i]));
-      st.ss[i] = sv | (sv << 16);
-      st.zz[i] = zv | (zv << 16);
-    }
-    __syncthreads();
-    uint32_t ss[16], zz[16];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 s4 = reinterpret_cast<const uint4*>(st.ss + 16 * g)[q];
-      const uint4 z4 = reinterpret_cast<const uint4*>(st.zz + 16 * g)[q];
-      ss[4 * q] = s4.x, ss[4 * q + 1] = s4.y, ss[4 * q + 2] = s4.z, ss[4 * q + 3] = s4.w;
-      zz[4 * q] = z4.x, zz[4 * q + 1] = z4.y, zz[4 * q + 2] = z4.z, zz[4 * q + 3] = z4.w;
-    }
-    const int sw = ((t & 3) << 1);
+    const Stage& st = stages[s % STAGES];
+    const Seg sg = p.seg(tile, (g0 + s) / seg_groups);
     for (int j = c.warp; j < STAGE_CHUNKS; j += WARPS) {
+      uint32_t ss[16], zz[16];
+      const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
+      const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
+      expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, sg.n0 + 16 * g < sg.N, ss, zz);
       const uint8_t* w = st.w + j * 8 * TILE;
       const uint4 wa = *reinterpret_cast<const uint4*>(w + t * TILE + ((g ^ sw) * 16));
       const uint4 wb = *reinterpret_cast<const uint4*>(w + (t + 4) * TILE + ((g ^ sw) * 16));
       chunk_compute(wa, wb, ss, zz, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, acc, mma_acc);
     }
-    __syncthreads();
   }
+  __syncthreads();  // the ring is free for the next item (or the attention tiles)
 }
 
 // After accumulation: lanes with t == 0 hold the warp's sums for columns
@@ -441,20 +593,36 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // input was staged once for the phase), epilogue(c, tile, y), and
 // prefetchable (its weights do not depend on data of this launch).
 // The k-split of a phase's tiles: the S that minimises the phase's
-// makespan in tile units, ceil(items / blocks) / S, plus a small cost per
-// item (its partial sums and hand-off), within what the grid allows.
+// makespan, ceil(items / blocks) x (an item's chunks per warp + a fixed
+// cost per item), within what the grid allows (the smallest such S on a
+// tie). The fixed cost, ~7 chunks' worth, is what run 10 measured: an item
+// takes ~4.5 us + 0.65 us per chunk per warp (first loads, scales, the
+// partial sums' hand-off). The lanes of each warp try candidates in
+// parallel: a serial loop over up to 72 candidates cost one thread 6-8 us
+// at the start of a phase (RESULTS.md, run 10). Call with whole
+// warps; every block gets the same answer.
+constexpr float kItemCostChunks = 7.0f;
 KT_DEV int split_for(int tiles, int chunks, int extra_items) {
   // Staged items are whole groups; register items give each warp a chunk.
-  int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
+  const int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
   const int slots = int(gridDim.x) * KT_WAVES;
   int best = 1;
   float best_cost = 1e30f;
-  for (int s = 1; s <= most && tiles * s <= kMaxItems; ++s) {
+  for (int s = (threadIdx.x & 31) + 1; s <= most && tiles * s <= kMaxItems; s += 32) {
     const int rounds = (tiles * s + extra_items + slots - 1) / slots;
-    const float cost = float(rounds) * (1.0f / float(s) + 0.1f);
-    if (cost < best_cost - 1e-6f) {
+    const float cost = float(rounds) * (kItemCostChunks + float(chunks) / float(s * WARPS));
+    if (cost < best_cost) {
       best_cost = cost;
       best = s;
+    }
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) {
+    const float other_cost = __shfl_xor_sync(0xffffffffu, best_cost, m);
+    const int other = __shfl_xor_sync(0xffffffffu, best, m);
+    if (other_cost < best_cost || (other_cost == best_cost && other < best)) {
+      best_cost = other_cost;
+      best = other;
     }
   }
   return best;
@@ -462,7 +630,9 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
 
 template <class P>
 KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
-  const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
+  const bool first = c.items++ == 0;
+  if (first) stamp(c, c.layer, kPhaseItem);
+  const int nch = p.seg_chunks(tile) * p.nseg(tile);
   float acc[16], mma_acc[8][4], out[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0;
@@ -474,18 +644,9 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
   p.stage(c, tile, g0 * STAGE_CHUNKS, g1 * STAGE_CHUNKS);
   gemv_staged(c, p, tile, g0, g1, acc, mma_acc);
 #else
-  const int kc0 = split * nch / S, kc1 = (split + 1) * nch / S;
-  p.stage(c, tile, kc0, kc1);
-  const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
-  for (int kc = wc0; kc < wc1;) {
-    const int s = kc / segc, l0 = kc % segc;
-    const int l1 = (l0 + (wc1 - kc)) < segc ? (l0 + (wc1 - kc)) : segc;
-    const Seg sg = p.seg(tile, s);
-    const int xoff = s * segc * 8;  // k-pairs before this segment in the tile's input
-    gemv_accumulate(sg, l0, l1, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
-    kc += l1 - l0;
-  }
+  gemv_registers(c, p, tile, split * nch / S, (split + 1) * nch / S, acc, mma_acc);
 #endif
+  if (first) stamp(c, c.layer, kPhaseItemComputed);
   gemv_finish(acc, mma_acc, out);
   const int g = c.lane >> 2, t = c.lane & 3;
   if (t == 0) {
@@ -502,7 +663,10 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
     __syncthreads();
     if (c.tid == 0) c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
     __syncthreads();
-    if (!c.sm->flag) return;
+    if (!c.sm->flag) {
+      if (first) stamp(c, c.layer, kPhaseItemDone);
+      return;
+    }
     __threadfence();
     y = 0;
     if (c.tid < TILE)
@@ -513,6 +677,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
   __syncthreads();
   p.epilogue(c, tile, c.sm->ytile);
   __syncthreads();
+  if (first) stamp(c, c.layer, kPhaseItemDone);
 }
 
 // Prefetches into L2 the weight rows this block will read in phase p.
@@ -584,15 +749,26 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p) {
 }
 
 // A warp computes bf16(dot(xs, w_row)) for a bf16 weight row of length D.
+// All of a lane's loads are issued before the first is used: the router's
+// logits gate every routed expert, and a loop that waits for each load in
+// turn made them several round trips late.
+constexpr int kRowLoads = cdiv(D, 256);
 KT_DEV float row_dot(Ctx& c, const uint16_t* w) {
+  uint4 v[kRowLoads];
+#pragma unroll
+  for (int j = 0; j < kRowLoads; ++j) {
+    const int k = c.lane * 8 + 256 * j;
+    v[j] = k < D ? kt_ld_weights<0>(w + k) : make_uint4(0, 0, 0, 0);
+  }
   float acc = 0;
-  for (int k = c.lane * 8; k < D; k += 256) {
-    uint4 v = kt_ld_weights<0>(w + k);
-    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < kRowLoads; ++j) {
+    const int k = c.lane * 8 + 256 * j;
+    if (k >= D) break;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint32_t xp = c.sm->xs_hi[k / 2 + i];
-      acc += kt_lo(xp) * kt_lo(wv[i]) + kt_hi(xp) * kt_hi(wv[i]);
+      const uint32_t xp = c.sm->xs_hi[k / 2 + i], wv = word_of(v[j], i);
+      acc += kt_lo(xp) * kt_lo(wv) + kt_hi(xp) * kt_hi(wv);
     }
   }
   return kt_round_bf16(kt_warp_sum(acc));
@@ -820,11 +996,12 @@ KT_DEV int attn_chunks(int rows) {
 constexpr int LPL = R / 32;
 constexpr int PIECE = LPL < 8 ? LPL : 8, PIECES = LPL / PIECE;
 constexpr int HPW = (HG + WARPS - 1) / WARPS;  // heads per warp
-static_assert(HPW <= 4, "at most 4 heads per warp in an attention item");
+static_assert(HPW <= 4 || KT_ATTN == 1, "at most 4 heads per warp in an attention item");
 
 KT_DEV int lane_dim(int lane, int d) { return (d / PIECE) * 32 * PIECE + lane * PIECE + d % PIECE; }
 
-KT_DEV void issue_att_tile(Ctx& c, AttTile& tile, const KtMlaLayer& L, int t0, int rows) {
+template <class Tile>  // AttTile, or AttMmaTile (rows padded)
+KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const KtMlaLayer& L, int t0, int rows) {
   constexpr int CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
   for (int i = c.tid; i < ATT_ROWS * (CP + KP); i += THREADS) {
     const int r = i / (CP + KP), q = i % (CP + KP);
@@ -941,6 +1118,8 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
     }
   }
 }
+
+#include "kernels/kimi/cuda/attention_mma.cuh"
 
 // o[h] = W_UV[h]^T o_lat[h]: one tile per head; the input (the combined
 // attention partials for the item's latent rows) is staged per item.
@@ -1140,13 +1319,30 @@ struct DownPhase : PhaseDefaults {
     const size_t e = shared ? size_t(s - TOPK) : size_t(topk[s]);
     return Seg{w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE};
   }
+  // The item's activations silu(g) * u * w, four values (two pairs) per
+  // thread and trip, loads issued in batches of B before they are used.
   KT_DEV void stage(Ctx& c, int, int kc0, int kc1) {
-    for (int p = kc0 * 8 + c.tid; p < kc1 * 8; p += THREADS) {
-      const int k = 2 * p, s = k / I, i = k % I;
-      const float w = s < TOPK ? topw[s] : 1.0f;
-      const float* g = &c.s->gu[(s * 2) * I + i];
-      const float* u = &c.s->gu[(s * 2 + 1) * I + i];
-      stage_f32_pair(c, p, kt_silu(kt_ld_cg(g)) * kt_ld_cg(u) * w, kt_silu(kt_ld_cg(g + 1)) * kt_ld_cg(u + 1) * w);
+    constexpr int B = 4;
+    const int q0 = kc0 * 4, q1 = kc1 * 4;  // quads of k
+    for (int base = q0; base < q1; base += B * THREADS) {
+      float4 g[B], u[B];
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int q = base + c.tid + b * THREADS, s = 4 * q / I, i = 4 * q % I;
+        if (q < q1) {
+          g[b] = kt_ld_cg(reinterpret_cast<const float4*>(&c.s->gu[(s * 2) * I + i]));
+          u[b] = kt_ld_cg(reinterpret_cast<const float4*>(&c.s->gu[(s * 2 + 1) * I + i]));
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int q = base + c.tid + b * THREADS, s = 4 * q / I;
+        if (q < q1) {
+          const float w = s < TOPK ? topw[s] : 1.0f;
+          stage_f32_pair(c, 2 * q, kt_silu(g[b].x) * u[b].x * w, kt_silu(g[b].y) * u[b].y * w);
+          stage_f32_pair(c, 2 * q + 1, kt_silu(g[b].z) * u[b].z * w, kt_silu(g[b].w) * u[b].w * w);
+        }
+      }
     }
     __syncthreads();
   }
@@ -1162,6 +1358,7 @@ struct DownPhase : PhaseDefaults {
 // prefetch, the first shared-memory stages), then wait for the grid.
 template <class P>
 KT_DEV void barrier_before(Ctx& c, P& p) {
+  if (KT_PREFETCH) stamp(c, c.layer, kPhasePrefetch);
   prefetch_phase(c, p);
   early_issue(c, p);
   barrier(c);
@@ -1243,7 +1440,11 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       qabs_phase(c, L);
       barrier(c);
       stamp(c, layer, 2);
+#if KT_ATTN == 1
+      attn_phase_mma(c, L, pos);
+#else
       attn_phase(c, L, pos);
+#endif
       WuvPhase wuv{{}, L, attn_chunks(pos + 1)};
       barrier_before(c, wuv);
       stamp(c, layer, 3);

@@ -1,0 +1,248 @@
+// Attention partials on tensor cores (KT_ATTN 1): the same items, chunks and
+// outputs (attn_m, attn_l, attn_acc) as attn_phase, computed with m16n8k16
+// bf16 mma. attn_phase is bound by its FMAs and warp shuffles (about 20
+// times the time its cache reads take at 16384 rows); here a cached row
+// costs about one mma per head. Included by megakernel.cu inside namespace
+// mk; the shared-memory layout (AttMma) is there, for kPipeBytes.
+//
+// The block streams its chunk in tiles of ATT_ROWS (16) rows, AM_STAGES deep
+// (cp.async). Per tile, three steps:
+//  1. scores S^T[h, t] (M = 16 heads, N = 8 rows, K = dims): warp w < AM_WD
+//     takes latent dims [w AM_DW, (w + 1) AM_DW), warps 0..3 one 16-dim rope
+//     step each; queries stay in registers as bf16 hi + lo fragments (two
+//     mmas: 16 significant bits instead of bf16's 8), B fragments come from
+//     the padded rows by ldmatrix. Each warp writes its partial scores.
+//  2. 16 threads per head sum the partials, update the head's running max
+//     and sum, and write p = exp(s - m) (bf16 hi + lo again) and the head's
+//     rescale factor exp(m_old - m).
+//  3. O[h, dims] = O * rescale + P[h, rows] c_kv[rows, dims] for the warp's
+//     dims (M = 16 heads, K = 16 rows, N = 8 dims; B by ldmatrix.trans).
+// Step 3 of tile s and step 1 of tile s + 1 run between the same two block
+// barriers (independent mma chains, so they overlap), step 2 of tile s + 1
+// after the second: two barriers per tile. Splitting the dims keeps O (16
+// heads x AM_DW fp32) in registers, at the cost of step 2's exchange. An
+// item takes AM_HP heads at a time (one or two m16 tiles, by registers);
+// more make more passes over the chunk, as separate items. Heads past an
+// item's are zero queries in the m16 tiles and are not written.
+
+constexpr int AM_KS = AM_DW / 16;                       // latent 16-dim steps per warp
+constexpr int AM_MT = AM_HP / 16;                       // m16 head tiles per pass
+constexpr int AM_PASSES = (HG + AM_HP - 1) / AM_HP;     // passes over a chunk per item
+constexpr int AM_RKS = ROPE / 16;                       // rope steps: warp w < AM_RKS takes step w
+constexpr int AM_PAIRS = AM_HP * ATT_ROWS;              // (head, row) pairs of a tile's softmax
+constexpr int AM_SLOTS = (AM_PAIRS + THREADS - 1) / THREADS;
+static_assert(ATT_ROWS == 16 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
+
+// A query fragment (16 heads x 16 dims) as bf16 hi + lo parts.
+struct AmFrag {
+  uint32_t hi[4], lo[4];
+};
+
+// pair(h, d): the fp32 query values of pass-local head h at dims d, d + 1.
+template <class Pair>
+KT_DEV void load_query(AmFrag& f, int mt, int d0, int lane, Pair pair) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const float2 v = pair(16 * mt + g + (r & 1) * 8, d0 + 2 * t + (r >> 1) * 8);
+    f.hi[r] = kt_pack(v.x, v.y);
+    f.lo[r] = kt_pack(v.x - kt_lo(f.hi[r]), v.y - kt_hi(f.hi[r]));
+  }
+}
+
+// s[mt][j] += Q[mt][ks] . rows 8 j .. 8 j + 7 over one 16-dim step; `row`
+// is this lane's ldmatrix address in the step (rows 0-7 | 8-15 x dims 0-7 | 8-15).
+template <int N>
+KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int ks, float (&s)[AM_MT][2][4]) {
+  uint32_t b[4];
+  kt_ldmatrix_x4<false>(b, row);
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+  for (int mt = 0; mt < AM_MT; ++mt) {
+    kt_mma_bf16(s[mt][0], q[mt][ks].hi, b0);
+    kt_mma_bf16(s[mt][1], q[mt][ks].hi, b1);
+    kt_mma_bf16(s[mt][0], q[mt][ks].lo, b0);
+    kt_mma_bf16(s[mt][1], q[mt][ks].lo, b1);
+  }
+}
+
+// Step 2's pair e: row e % 16 of a head, a half-warp per head, the two
+// halves of a warp two heads apart (their partial-score reads then hit
+// distinct banks).
+KT_DEV int am_head(int e) {
+  const int hq = e >> 4;
+  return (hq & ~3) | ((hq & 1) << 1) | ((hq >> 1) & 1);
+}
+
+// Step 2 for this thread's pairs of tile rows [0, rows_here): m is their
+// heads' running max; l the lane's share of the running sum (the 16 lanes
+// of a head add theirs up when the item ends).
+KT_DEV void am_softmax(Ctx& c, AttMma& A, int rows_here, float (&m)[AM_SLOTS], float (&l)[AM_SLOTS]) {
+#pragma unroll
+  for (int j = 0; j < AM_SLOTS; ++j) {
+    const int e = j * THREADS + c.tid;
+    if (e >= AM_PAIRS) break;  // whole warps
+    const int h = am_head(e), r = e & 15;
+    float s = 0;
+#pragma unroll
+    for (int w = 0; w < AM_WD; ++w) s += A.part[w][h][r];
+    if (r >= rows_here) s = -INFINITY;
+    float mx = s;
+#pragma unroll
+    for (int k = 8; k >= 1; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+    const float mn = fmaxf(m[j], mx), corr = expf(m[j] - mn), p = expf(s - mn);
+    l[j] = l[j] * corr + p;
+    m[j] = mn;
+    const uint16_t hi = kt_f2bf(p);
+    A.p[0][h][r] = hi;
+    A.p[1][h][r] = kt_f2bf(p - kt_bf2f(hi));
+    if (r == 0) A.corr[h] = corr;
+  }
+}
+
+// This lane's ldmatrix row addresses: lane i gives row i % 8 of matrix
+// i / 8. Scores' B: (rows 0-7 | 8-15) x (dims 0-7 | 8-15), dims first.
+// P as A, and c_kv transposed as B: (heads or rows 0-7 | 8-15) first.
+struct AmLanes {
+  int srow, scol, prow, pcol;
+  KT_DEV explicit AmLanes(int lane)
+      : srow(((lane >> 4) << 3) + (lane & 7)),
+        scol(((lane >> 3) & 1) << 3),
+        prow((((lane >> 3) & 1) << 3) + (lane & 7)),
+        pcol((lane >> 4) << 3) {}
+};
+
+// Step 1 for warp w < AM_WD: its partial scores of tile T into A.part[w].
+KT_DEV void am_scores(const AttMmaTile& T, AttMma& A, int w, int lane, const AmLanes& al,
+                      const AmFrag (&q)[AM_MT][AM_KS], const AmFrag (&qr)[AM_MT][1]) {
+  const int g = lane >> 2, t = lane & 3;
+  float sc[AM_MT][2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < AM_KS; ++ks) am_score_step(&T.c[al.srow][w * AM_DW + 16 * ks + al.scol], q, ks, sc);
+  if (w < AM_RKS) am_score_step(&T.k[al.srow][16 * w + al.scol], qr, 0, sc);
+#pragma unroll
+  for (int mt = 0; mt < AM_MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      *reinterpret_cast<float2*>(&A.part[w][16 * mt + g][8 * j + 2 * t]) = float2{sc[mt][j][0], sc[mt][j][1]};
+      *reinterpret_cast<float2*>(&A.part[w][16 * mt + g + 8][8 * j + 2 * t]) = float2{sc[mt][j][2], sc[mt][j][3]};
+    }
+}
+
+// Step 3 for warp w < AM_WD: o = o * rescale + P . T's rows, its dims.
+KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lane, const AmLanes& al,
+                            float (&o)[AM_MT][AM_DW / 8][4]) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int mt = 0; mt < AM_MT; ++mt) {
+    uint32_t ph[4], pl[4];
+    kt_ldmatrix_x4<false>(ph, &A.p[0][16 * mt + al.prow][al.pcol]);
+    kt_ldmatrix_x4<false>(pl, &A.p[1][16 * mt + al.prow][al.pcol]);
+    const float c0 = A.corr[16 * mt + g], c1 = A.corr[16 * mt + g + 8];
+#pragma unroll
+    for (int np = 0; np < AM_DW / 16; ++np) {
+      uint32_t b[4];
+      kt_ldmatrix_x4<true>(b, &T.c[al.prow][w * AM_DW + 16 * np + al.pcol]);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int n = 2 * np; n < 2 * np + 2; ++n) {
+        o[mt][n][0] *= c0;
+        o[mt][n][1] *= c0;
+        o[mt][n][2] *= c1;
+        o[mt][n][3] *= c1;
+      }
+      kt_mma_bf16(o[mt][2 * np], ph, b0);
+      kt_mma_bf16(o[mt][2 * np + 1], ph, b1);
+      kt_mma_bf16(o[mt][2 * np], pl, b0);
+      kt_mma_bf16(o[mt][2 * np + 1], pl, b1);
+    }
+  }
+}
+
+KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
+  const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+  const int lane = c.lane, w = c.warp;
+  const bool dims = w < AM_WD;  // this warp takes latent dims [w AM_DW, (w + 1) AM_DW)
+  const AmLanes al(lane);
+  AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int ps = it % AM_PASSES, hg = it / AM_PASSES / nch, ch = it / AM_PASSES % nch;
+    const int h0 = hg * HG + ps * AM_HP, nh = imin(AM_HP, HG - ps * AM_HP);
+    const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
+    const int ntiles = (r1 - r0 + ATT_ROWS - 1) / ATT_ROWS;
+    auto issue = [&](int s) {
+      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], L, r0 + s * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS));
+      kt_cp_async_commit();
+    };
+    for (int s = 0; s < AM_STAGES; ++s) issue(s);
+    AmFrag q[AM_MT][AM_KS], qr[AM_MT][1];
+    float o[AM_MT][AM_DW / 8][4] = {}, m[AM_SLOTS], l[AM_SLOTS];
+    if (dims) {
+#pragma unroll
+      for (int mt = 0; mt < AM_MT; ++mt) {
+#pragma unroll
+        for (int ks = 0; ks < AM_KS; ++ks)
+          load_query(q[mt][ks], mt, w * AM_DW + 16 * ks, lane, [&](int h, int d) {
+            return h < nh ? kt_ld_cg(reinterpret_cast<const float2*>(&c.s->q_abs[(h0 + h) * R + d])) : float2{0, 0};
+          });
+        if (w < AM_RKS)
+          load_query(qr[mt][0], mt, 16 * w, lane, [&](int h, int d) {
+            if (h >= nh) return float2{0, 0};
+            const uint16_t* p = &c.s->mla_q[(h0 + h) * QH + NOPE + d];
+            return float2{kt_bf2f(kt_ld_cg(p)) * kQkScale, kt_bf2f(kt_ld_cg(p + 1)) * kQkScale};
+          });
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < AM_SLOTS; ++j) {
+      m[j] = -INFINITY;
+      l[j] = 0;
+    }
+    // Tile 0's scores and softmax; then per tile s, after one barrier, the
+    // weighted sum of tile s and the scores of tile s + 1 (independent mma
+    // chains, so they overlap), and after a second one tile s + 1's softmax.
+    kt_cp_async_wait<AM_STAGES - 1>();
+    __syncthreads();
+    if (dims) am_scores(A.tile[0], A, w, lane, al, q, qr);
+    __syncthreads();
+    am_softmax(c, A, imin(ATT_ROWS, r1 - r0), m, l);
+    for (int s = 0; s < ntiles; ++s) {
+      kt_cp_async_wait<AM_STAGES - 2>();
+      __syncthreads();  // tile s + 1 is in, tile s's probabilities are out
+      if (dims) {
+        am_weighted_sum(A.tile[s % AM_STAGES], A, w, lane, al, o);
+        if (s + 1 < ntiles) am_scores(A.tile[(s + 1) % AM_STAGES], A, w, lane, al, q, qr);
+      }
+      __syncthreads();  // tile s is used up, tile s + 1's partial scores are in
+      issue(s + AM_STAGES);
+      if (s + 1 < ntiles) am_softmax(c, A, imin(ATT_ROWS, r1 - r0 - (s + 1) * ATT_ROWS), m, l);
+    }
+#pragma unroll
+    for (int j = 0; j < AM_SLOTS; ++j) {
+      const int e = j * THREADS + c.tid, h = am_head(e);
+      if (e >= AM_PAIRS) break;  // whole warps
+#pragma unroll
+      for (int k = 8; k >= 1; k >>= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], k);
+      if ((e & 15) == 0 && h < nh) {
+        c.s->attn_m[ch * MH + h0 + h] = m[j];
+        c.s->attn_l[ch * MH + h0 + h] = l[j];
+      }
+    }
+    if (dims) {
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int mt = 0; mt < AM_MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int h = 16 * mt + g + 8 * hh;
+          if (h >= nh) continue;
+          float* out = &c.s->attn_acc[size_t(ch * MH + h0 + h) * R + w * AM_DW + 2 * t];
+#pragma unroll
+          for (int n = 0; n < AM_DW / 8; ++n)
+            *reinterpret_cast<float2*>(out + 8 * n) = float2{o[mt][n][2 * hh], o[mt][n][2 * hh + 1]};
+        }
+    }
+  }
+  kt_cp_async_wait<0>();  // the last items' empty groups
+  __syncthreads();        // the next phase may reuse the pipe
+}
