@@ -98,8 +98,23 @@ json worst_cosines(const Measurement& m) {
   return w;
 }
 
-const char* kPhaseNames[] = {"qkvg / q,kv_a", "kda / q_abs", "attention", "w_uv", "o_proj",
-                             "moe gate/up: router, shared, top-k, routed", "(unused)", "down", "end"};
+// Phases 0-8 start a phase; 9-13 are points inside the phase above them
+// (megakernel.cu, kPhase*): a row's time runs from its point to the next.
+const char* kPhaseNames[] = {"qkvg / q,kv_a",
+                             "kda / q_abs",
+                             "attention",
+                             "w_uv",
+                             "o_proj",
+                             "moe gate/up: router, shared, top-k, routed",
+                             "(unused)",
+                             "down",
+                             "end",
+                             "  . first item: loads + compute (warp 0)",
+                             "  . first item: reduce, hand-off, epilogue",
+                             "  . the block's other items",
+                             "  . waiting at the grid barrier",
+                             "  . L2 prefetch of the next phase"};
+constexpr int kLastPhase = 13;
 
 // Mean time per phase over the profiled steps, per context.
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
@@ -123,16 +138,33 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
     }
     totals.push_back(total);
   }
+  // A phase's row is its whole time; below it, when it stamped points, the
+  // part up to the first point and each point's part.
+  std::map<int, std::vector<double>> phase_total;          // layer * 16 + phase -> us per context
+  std::map<int, std::map<int, std::vector<double>>> parts;  // same key -> point -> us per context
+  for (auto& [tag, v] : per_tag) {
+    const int key = tag >= 1024 ? (tag - 1024) / 16 : tag, point = tag >= 1024 ? (tag - 1024) % 16 : 0;
+    auto& t = phase_total[key];
+    t.resize(v.size(), 0.0);
+    for (size_t i = 0; i < v.size(); ++i) t[i] += v[i];
+    parts[key][point] = v;
+  }
   std::printf("%-6s %-26s", "layer", "phase");
   for (const json& p : profiles) std::printf(" %10d", p.value("context", 0));
   std::printf("\n");
-  std::map<int, std::vector<double>> by_phase;
-  for (auto& [tag, v] : per_tag) {
-    int layer = tag / 16, ph = tag % 16;
-    std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
-    std::printf("%-6s %-26s", lname.c_str(), kPhaseNames[std::min(ph, 8)]);
+  auto row = [](const std::string& layer, const char* name, const std::vector<double>& v) {
+    std::printf("%-6s %-26s", layer.c_str(), name);
     for (double us : v) std::printf(" %10.2f", us);
     std::printf("\n");
+  };
+  std::map<int, std::vector<double>> by_phase;
+  for (auto& [key, v] : phase_total) {
+    int layer = key / 16, ph = key % 16;
+    std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
+    row(lname, kPhaseNames[std::min(ph, kLastPhase)], v);
+    if (parts[key].size() > 1)
+      for (auto& [point, pv] : parts[key])
+        row("", point == 0 ? "  . start, input staging" : kPhaseNames[std::min(point, kLastPhase)], pv);
     auto& acc = by_phase[ph];
     acc.resize(v.size(), 0.0);
     for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
@@ -141,7 +173,7 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   for (double t : totals) std::printf(" %10.2f", t);
   std::printf("\nby phase over all layers:\n");
   for (auto& [ph, v] : by_phase) {
-    std::printf("%-6s %-26s", "", kPhaseNames[std::min(ph, 8)]);
+    std::printf("%-6s %-26s", "", kPhaseNames[std::min(ph, kLastPhase)]);
     for (size_t i = 0; i < v.size(); ++i) std::printf(" %9.2f%%", totals[i] > 0 ? 100.0 * v[i] / totals[i] : 0.0);
     std::printf("\n");
   }
@@ -183,7 +215,8 @@ int run_bench(const BenchOptions& o) {
   std::vector<Row> rows;
   const variants::Template* mega = kimi::megakernel_template(b.spec.templates);
   if (o.with_baseline) {
-    Row r{"baseline"};
+    Row r;
+    r.name = "baseline";
     if (!render_variant(b.cfg, b.spec, *kimi::baseline_template(b.spec.templates), {}, "", &r.v, &err)) {
       std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
       return 1;
@@ -192,7 +225,8 @@ int run_bench(const BenchOptions& o) {
   }
   std::vector<json> knob_sets = o.knob_sets.empty() ? std::vector<json>{json::object()} : o.knob_sets;
   if (!o.variant.empty()) {
-    Row mk{"megakernel"};
+    Row mk;
+    mk.name = "megakernel";
     traces::Store store;
     traces::VariantRow vr;
     if (!store.open(o.db, &err) || !store.variant(o.variant, &vr, &err)) {
@@ -208,7 +242,8 @@ int run_bench(const BenchOptions& o) {
     rows.push_back(mk);
   } else {
     for (size_t k = 0; k < knob_sets.size(); ++k) {
-      Row mk{k == 0 ? "megakernel" : "megakernel#" + std::to_string(k)};
+      Row mk;
+      mk.name = k == 0 ? "megakernel" : "megakernel#" + std::to_string(k);
       if (!render_variant(b.cfg, b.spec, *mega, knob_sets[k], "", &mk.v, &err)) {
         std::fprintf(stderr, "ktune bench: knob set %zu: %s\n", k, err.c_str());
         return 1;

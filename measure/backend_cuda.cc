@@ -514,6 +514,24 @@ json CudaBackend::probe(std::string* err) {
   double us = timed([&] { drv_.LaunchKernel(stream, sgrid, 1, 1, 512, 1, 1, 0, nullptr, sp, nullptr); }, 10);
   out.push_back({{"name", "stream_read_bandwidth"}, {"value", double(n) / (us * 1e-6) / 1e9}, {"unit", "GB/s"},
                  {"detail", "1 GiB read with 16-byte loads by a full grid (read bytes only)"}});
+  // The megakernel's tile-striped weight reads (ktune_probe_tiles): row-major
+  // as stored and as if repacked tile-contiguous, with 8 and 16 warps per SM.
+  CUfunction tiles = nullptr;
+  if (drv_.ModuleGetFunction(&tiles, mod, "ktune_probe_tiles") == CUDA_SUCCESS) {
+    int matrices = int(n / (size_t(1152) * 4096));
+    for (int contiguous : {0, 1})
+      for (int threads : {256, 512}) {
+        void* tp[] = {&a, &matrices, &contiguous, &b};
+        double tus = timed([&] { drv_.LaunchKernel(tiles, sms_, 1, 1, threads, 1, 1, 0, nullptr, tp, nullptr); }, 10);
+        double bytes = double(matrices) * 1152 * 4096;
+        out.push_back({{"name", std::string("tile_read_bandwidth_") + (contiguous ? "contiguous_" : "rowmajor_") +
+                                    std::to_string(threads / 32) + "warps"},
+                       {"value", bytes / (tus * 1e-6) / 1e9},
+                       {"unit", "GB/s"},
+                       {"detail", "the megakernel's GEMV load pattern alone: one block per SM, 128-column tiles, 4 chunks "
+                                  "in flight per warp, " + std::string(contiguous ? "tiles laid out contiguously" : "row-major [rows, N]")}});
+      }
+  }
   drv_.ModuleUnload(mod);
   cudaFree(a);
   cudaFree(b);

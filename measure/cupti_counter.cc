@@ -41,6 +41,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }  // namespace
 
 CuptiCounter::CuptiCounter() {
+  // Under a profiler (ncu, nsys) the profiler owns CUPTI: loading a second
+  // copy and registering callbacks crashes the process.
+  if (const char* off = std::getenv("KTUNE_NO_CUPTI"); off && *off && std::string(off) != "0") {
+    reason_ = "disabled by KTUNE_NO_CUPTI (running under a profiler)";
+    return;
+  }
   // The runner ships a copy beside itself when the device machine may lack one.
   std::vector<std::string> names = {join_path(self_dir(), "libcupti.so.13"), "libcupti.so.13", "libcupti.so.12",
                                     "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",

@@ -4,11 +4,7 @@
 # default megakernel's per-phase profile. Logs go to $OUT.
 # Usage (device tool, with .devcarry carried): scripts/gpu_check.sh [bench-args...]
 set -uo pipefail
-D=$PWD/.devcarry
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export KTUNE_GOLDEN_DIR=$D/golden KTUNE_SOURCE_DIR=$PWD KTUNE_RUNNER=$D/ktune-runner PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+. "$(dirname "$0")/device_env.sh"
 echo "== GPU tests"
 timeout 300 "$D/test_agent" -ts=gpu 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^gpu |FAIL|ERROR|Status|SKIP"
 echo "== bench"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Compiles the CUDA megakernel for sm_90 at the full config with the given
+# knob defines (on top of the defaults) and prints ptxas's registers, spills
+# and shared memory: a quick check, without a GPU, that a knob setting fits.
+# Usage: scripts/ptxas_check.sh [KT_NAME=value ...]   e.g. KT_PIPELINE=1 KT_THREADS=512
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+declare -A d=(
+  [KT_D]=2304 [KT_KH]=32 [KT_KD]=128 [KT_MH]=32 [KT_R]=512 [KT_NOPE]=128 [KT_ROPE]=64 [KT_VH]=128
+  [KT_E]=64 [KT_TOPK]=8 [KT_NSH]=1 [KT_I]=1024 [KT_G]=128 [KT_LAYERS]=4 [KT_PATTERN_M]=8
+  [KT_ROPE_THETA]=10000.0 [KT_SCALING]=2.446 [KT_EPS]=1e-06
+  [KT_THREADS]=256 [KT_BLOCKS_PER_SM]=1 [KT_BARRIER]=2 [KT_DEQUANT]=1 [KT_UNROLL]=2 [KT_LOAD_HINT]=1
+  [KT_PREFETCH]=0 [KT_ATTN_HEADS]=16 [KT_ATTN]=1 [KT_WAVES]=1 [KT_STAGES]=0 [KT_EARLY]=1 [KT_PIPELINE]=0
+  [KT_SCALES]=0 [KT_PROFILE]=0)
+for kv in "$@"; do d[${kv%%=*}]=${kv#*=}; done
+args=()
+for k in "${!d[@]}"; do args+=("-D$k=${d[$k]}"); done
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+"$nvcc" -arch=sm_90 -O3 -cubin -std=c++17 -I"$root" "${args[@]}" -Xptxas -v -o "$out/k.cubin" \
+  -x cu "$root/kernels/kimi/cuda/megakernel.cu" 2>&1 | grep -E "ktune_k0|registers|spill|error" | grep -v "^ptxas info    : Compiling" || true
