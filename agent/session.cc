@@ -381,6 +381,7 @@ class Session {
         emit_or_die("profile", seq, {{"launches_per_step", m.launches}, {"resources", b.resources},
                                      {"extra", {{"declared_launches", m.declared_launches},
                                                 {"score_rel_se", m.score.rel_se}}}});
+        if (purpose != "baseline") retime_best_if_beaten(seq, m);
       }
     }
     phase["load"] = m.load_s;
@@ -390,6 +391,27 @@ class Session {
     totals_.validate += m.validate_s;
     totals_.time += m.time_s;
     decide(seq, v, purpose, m, phase);
+    if (history_.back().decision == "accepted") best_artifact_ = b.artifact;
+  }
+
+  // A candidate that beats the best's recorded score is compared with the
+  // best timed again, now: scores drift between attempts (clocks, heat) by
+  // more than the noise inside one, and a run of the GPU session accepted a
+  // change that compiles to the same code (RESULTS.md, run 13). The best's
+  // fresh score replaces its recorded one. Without the best's binary (a
+  // resumed session) the recorded score stands.
+  void retime_best_if_beaten(int seq, const Measurement& candidate) {
+    if (!best_ || best_artifact_.empty() || !measure::judge(candidate.score, best_score_, opts_.min_gain).faster)
+      return;
+    Measurement again;
+    const bool ok = evaluator_->load(best_artifact_, &again) &&
+                    evaluator_->time(cfg_.timed_contexts, spec_.warmup, spec_.samples, &again);
+    totals_.load += again.load_s;
+    totals_.time += again.time_s;
+    emit_or_die("best_retimed", seq, {{"variant", best_->variant}, {"ok", ok}, {"recorded_us", best_score_.us},
+                                      {"score_us", ok ? again.score.us : 0.0}, {"seconds", again.time_s},
+                                      {"error", ok ? "" : again.error}});
+    if (ok) best_score_ = again.score;
   }
 
   static std::string first_error_line(const std::string& log) {
@@ -581,6 +603,7 @@ class Session {
   std::set<std::string> measured_;
   std::optional<AttemptView> best_;
   measure::Score best_score_;
+  std::string best_artifact_;  // the best's build, when this run of the session built it
   double baseline_us_ = 0;
   bool baseline_ok_ = false;
   json probes_ = json::array();

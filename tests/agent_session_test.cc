@@ -113,6 +113,24 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   CHECK(rolled_back >= 1);
   CHECK(session_status(db) == "completed");
 
+  // Every accepted candidate was compared with the best timed again in its
+  // own attempt (a best_retimed event of that attempt, a fresh score).
+  {
+    traces::Store store;
+    std::string err;
+    REQUIRE(store.open(db, &err));
+    std::vector<traces::Event> retimed;
+    REQUIRE_MESSAGE(store.events(1, &retimed, &err, "best_retimed"), err);
+    std::set<int> retimed_in;
+    for (const traces::Event& e : retimed) {
+      CHECK(e.data.value("ok", false));
+      CHECK(e.data.value("score_us", 0.0) > 0);
+      retimed_in.insert(e.attempt);
+    }
+    for (auto& a : rows)
+      if (a.decision == "accepted" && a.purpose == "candidate") CHECK_MESSAGE(retimed_in.count(a.seq), "attempt " << a.seq);
+  }
+
   // history, show, compare answer from the same database.
   CHECK(run_ktune({"history", "--db", db}, 30, dir.path).out.find("kimi-linear") != std::string::npos);
   CHECK(run_ktune({"show", "--db", db, rows.back().variant.substr(0, 10)}, 30, dir.path).exit_code == 0);
