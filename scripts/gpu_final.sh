@@ -4,10 +4,7 @@
 # a recorded session against the baseline. Logs go to $OUT.
 # Usage: scripts/gpu_final.sh DB VARIANT
 set -uo pipefail
-D=$PWD/.devcarry
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
+. "$(dirname "$0")/device_env.sh"
 db=$1
 variant=$2
 timeout 60 "$D/ktune" probe --backend cuda --size full --runner "$D/ktune-runner" > "$OUT/probe.log" 2>&1

@@ -3,10 +3,7 @@
 # given budget, then its history, trace and replay. Everything lands in $OUT.
 # Usage: scripts/gpu_session.sh BUDGET [run-args...]
 set -uo pipefail
-D=$PWD/.devcarry
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
+. "$(dirname "$0")/device_env.sh"
 budget=${1:-8m}
 shift || true
 "$D/ktune" run --task kimi-linear --size full --backend cuda --budget "$budget" --db "$OUT/session.sqlite" "$@" 2>&1 |

@@ -335,6 +335,14 @@ KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (
   expand_scales(fetch_scales(sg, grp, col, active), active, ss, zz);
 }
 
+// The same from a group's 128 raw scales and zeros in shared memory (lane
+// group g takes columns 16 g .. 16 g + 15).
+KT_DEV void expand_smem_scales(const uint16_t* sc, const uint16_t* ze, int g, bool active, uint32_t (&ss)[16],
+                               uint32_t (&zz)[16]) {
+  const uint4* sv = reinterpret_cast<const uint4*>(sc + 16 * g);
+  const uint4* zv = reinterpret_cast<const uint4*>(ze + 16 * g);
+  expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, active, ss, zz);
+}
 
 // One 16-row chunk for this warp: wa/wb are the lane's 16 bytes at k-pairs
 // t and t+4 (16 columns), ss/zz its columns' scale and zero pairs, and
@@ -416,9 +424,7 @@ KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][
     if (grp != cur_group) {
       cur_group = grp;
 #if KT_SCALES == 1
-      const uint4* sv = reinterpret_cast<const uint4*>(gs[grp][0] + 16 * g);
-      const uint4* zv = reinterpret_cast<const uint4*>(gs[grp][1] + 16 * g);
-      expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, col < sg.N, ss, zz);
+      expand_smem_scales(gs[grp][0], gs[grp][1], g, col < sg.N, ss, zz);
 #else
       (void)gs;
       load_scales(sg, grp, col, col < sg.N, ss, zz);
@@ -452,8 +458,24 @@ KT_DEV void gemv_segment(const Seg& sg, int l0, int l1, const uint16_t (*gs)[2][
 #endif
 }
 
+// KT_SCALES 1: the scales and zeros of the item's groups [kc0 / 8,
+// ceil(kc1 / 8)), copied into shared memory while its input is staged (one
+// cp.async commit group).
 template <class P>
-KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1);
+KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1) {
+  const int gps = p.seg_chunks(tile) / STAGE_CHUNKS;  // groups per segment
+  const int gg0 = kc0 / STAGE_CHUNKS, gg1 = (kc1 + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
+  // 16-byte pieces: per group, 16 of scales then 16 of zeros (128 columns).
+  for (int i = c.tid; i < (gg1 - gg0) * 32; i += THREADS) {
+    const int gg = gg0 + i / 32, which = (i / 16) & 1, piece = i % 16;
+    const Seg sg = p.seg(tile, gg / gps);
+    const int col = sg.n0 + piece * 8;
+    const bool valid = col < sg.N;
+    const uint16_t* src = (which ? sg.ze : sg.sc) + size_t(gg % gps) * sg.N + col;
+    kt_cp_async16(&c.sm->gscale[gg - gg0][which][piece * 8], valid ? src : sg.sc, valid);
+  }
+  kt_cp_async_commit();
+}
 
 // One item's k range [kc0, kc1): this warp takes an equal share of it.
 template <class P>
@@ -477,22 +499,6 @@ KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc
     gemv_segment(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
     kc += l1 - l0;
   }
-}
-
-template <class P>
-KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1) {
-  const int gps = p.seg_chunks(tile) / STAGE_CHUNKS;  // groups per segment
-  const int gg0 = kc0 / STAGE_CHUNKS, gg1 = (kc1 + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
-  // 16-byte pieces: per group, 16 of scales then 16 of zeros (128 columns).
-  for (int i = c.tid; i < (gg1 - gg0) * 32; i += THREADS) {
-    const int gg = gg0 + i / 32, which = (i / 16) & 1, piece = i % 16;
-    const Seg sg = p.seg(tile, gg / gps);
-    const int col = sg.n0 + piece * 8;
-    const bool valid = col < sg.N;
-    const uint16_t* src = (which ? sg.ze : sg.sc) + size_t(gg % gps) * sg.N + col;
-    kt_cp_async16(&c.sm->gscale[gg - gg0][which][piece * 8], valid ? src : sg.sc, valid);
-  }
-  kt_cp_async_commit();
 }
 
 // Staged path: all threads copy one group of a tile (64 packed row pairs x
@@ -554,9 +560,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
     const Seg sg = p.seg(tile, (g0 + s) / seg_groups);
     for (int j = c.warp; j < STAGE_CHUNKS; j += WARPS) {
       uint32_t ss[16], zz[16];
-      const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
-      const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
-      expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, sg.n0 + 16 * g < sg.N, ss, zz);
+      expand_smem_scales(st.sc, st.ze, g, sg.n0 + 16 * g < sg.N, ss, zz);
       const uint8_t* w = st.w + j * 8 * TILE;
       const uint4 wa = *reinterpret_cast<const uint4*>(w + t * TILE + ((g ^ sw) * 16));
       const uint4 wb = *reinterpret_cast<const uint4*>(w + (t + 4) * TILE + ((g ^ sw) * 16));
