@@ -36,6 +36,9 @@ KnobSpace cuda_mega_space() {
        "GEMV scales and zeros: loaded by each warp when its group changes, or copied for the whole work item "
        "into shared memory (cp.async) while the first weights load"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
+      {"sched", "KT_SCHED", {"static", "dynamic"}, "static",
+       "GEMV work items after a block's first: round-robin by block index, or taken from a per-phase "
+       "atomic counter, so blocks whose loads return sooner take more items"},
       {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12}, 0,
        "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async ring through shared "
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},

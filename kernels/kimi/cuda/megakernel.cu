@@ -39,7 +39,9 @@
 // copied into shared memory while its first weights load, instead of each
 // warp fetching them when its group changes), KT_ATTN (1: attention on
 // tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
-// of every phase into args.trace, for `ktune bench`'s per-phase table).
+// of every phase into args.trace, for `ktune bench`'s per-phase table),
+// KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
+// per-phase atomic counter).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -57,6 +59,7 @@ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
+constexpr int kMaxGemvPhases = 8 * KT_LAYERS;  // run_gemv_phase calls per launch, at most
 constexpr float kQkScale = 0.07216878364870322f;  // 192^-0.5, for QH = 192 (checked below)
 
 static_assert(THREADS % 32 == 0 && THREADS >= 128 && THREADS <= 1024, "threads");
@@ -65,6 +68,7 @@ static_assert(G == 128, "group size 128");
 static_assert(KD % WARPS == 0 && THREADS >= TILE && THREADS >= KD, "kda item split");
 static_assert(R % 64 == 0 && MH % HG == 0, "latent dims");
 static_assert(E <= 64 * 4, "experts");
+static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -72,6 +76,7 @@ struct alignas(16) Scratch {
   unsigned pad[14];
   int counters[kMaxTiles];
   unsigned router_done[KT_LAYERS];  // router logits written, per layer (reset when the launch ends)
+  unsigned next_item[kMaxGemvPhases];  // KT_SCHED 1: items taken beyond the first wave, per GEMV phase (reset likewise)
   alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
   alignas(16) uint16_t hbuf[D];     // after attention, before the MoE
   alignas(16) uint16_t act[3][C];   // KDA q, k, v after conv + SiLU
@@ -138,6 +143,7 @@ struct alignas(16) Smem {
   float ytile[TILE];
   float bsum[WARPS];
   int flag;
+  int next_item;  // KT_SCHED 1: the block's next GEMV item (thread 0 took it)
   int topk[TOPK];
   float topw[TOPK];
   float kq[KD], qq[KD], dec[KD];
@@ -160,6 +166,7 @@ struct Ctx {
   int items = 0;        // GEMV items this block has finished in that phase
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
   bool routed = false;  // this block has selected the current MoE layer's experts
+  int gemv_phases = 0;  // run_gemv_phase calls so far in this launch (KT_SCHED 1's counter index)
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
@@ -632,23 +639,24 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
   return best;
 }
 
+// One item: k-split `split` of S of a tile, chunks [kc0, kc1) of its k
+// range. A tile cut into S > 1 items is finished by whichever ends last (an
+// atomic counter): it sums the items' partials in split order and runs the
+// epilogue.
 template <class P>
-KT_DEV void gemv_item(Ctx& c, P& p, int tile, int split, int S) {
+KT_DEV void gemv_item(Ctx& c, P& p, int tile, int kc0, int kc1, int split, int S) {
   const bool first = c.items++ == 0;
   if (first) stamp(c, c.layer, kPhaseItem);
-  const int nch = p.seg_chunks(tile) * p.nseg(tile);
   float acc[16], mma_acc[8][4], out[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
 #if KT_STAGES > 0
-  const int ng = nch / STAGE_CHUNKS;
-  const int g0 = split * ng / S, g1 = (split + 1) * ng / S;
-  p.stage(c, tile, g0 * STAGE_CHUNKS, g1 * STAGE_CHUNKS);
-  gemv_staged(c, p, tile, g0, g1, acc, mma_acc);
+  p.stage(c, tile, kc0, kc1);
+  gemv_staged(c, p, tile, kc0 / STAGE_CHUNKS, kc1 / STAGE_CHUNKS, acc, mma_acc);
 #else
-  gemv_registers(c, p, tile, split * nch / S, (split + 1) * nch / S, acc, mma_acc);
+  gemv_registers(c, p, tile, kc0, kc1, acc, mma_acc);
 #endif
   if (first) stamp(c, c.layer, kPhaseItemComputed);
   gemv_finish(acc, mma_acc, out);
@@ -735,20 +743,40 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 }
 
 // A phase's items: its row items first (small, and others may wait for
-// them), then its tiles x S k-splits.
+// them), then its tiles x S k-splits. A block's first item is its index;
+// the rest come round-robin (KT_SCHED 0) or from the phase's counter
+// (KT_SCHED 1): blocks whose loads return sooner then take the items that
+// would have queued behind slower ones. Thread 0 takes the next item when
+// the current one starts, so the atomic's round trip hides behind it.
 template <class P>
 KT_DEV void run_gemv_phase(Ctx& c, P& p) {
-  const int tiles = p.tiles(), rows = p.row_items();
-  const int S = split_for(tiles, p.seg_chunks(0) * p.nseg(0), rows);
+  const int tiles = p.tiles(), rows = p.row_items(), nch = p.seg_chunks(0) * p.nseg(0);
+  unsigned* counter = &c.s->next_item[c.gemv_phases++];
+  const int S = split_for(tiles, nch, rows);
   const int items = tiles * S + rows;
-  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+  for (int it = blockIdx.x; it < items;) {
+    int next = it + int(gridDim.x);
+#if KT_SCHED == 1
+    if (c.tid == 0) next = int(gridDim.x) + int(atomicAdd(counter, 1u));
+#else
+    (void)counter;
+#endif
     if (it < rows) {
       p.row_item(c, it);
-      continue;
+    } else {
+      const int tile = (it - rows) / S, split = (it - rows) % S;
+      // Staged items are whole quantization groups.
+      const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1, nu = nch / unit;
+      p.before_tile(c, tile);
+      gemv_item(c, p, tile, split * nu / S * unit, (split + 1) * nu / S * unit, split, S);
     }
-    const int tile = (it - rows) / S;
-    p.before_tile(c, tile);
-    gemv_item(c, p, tile, (it - rows) % S, S);
+#if KT_SCHED == 1
+    if (c.tid == 0) c.sm->next_item = next;
+    __syncthreads();
+    next = c.sm->next_item;
+    __syncthreads();  // read by all before thread 0 writes it again
+#endif
+    it = next;
   }
 }
 
@@ -1464,6 +1492,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
   __syncthreads();
   if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
     for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
+    for (int i = 0; i < kMaxGemvPhases; ++i) atomicExch(&c.s->next_item[i], 0u);
 #if KT_BARRIER == 2
     atomicExch(&c.s->bar.count, 0u);
 #endif
