@@ -467,6 +467,7 @@ int main() {
       {"v2 ring 4, no compute", v2_ring<4, 1>, 256, 4, 1, false},
       {"v2 ring 4, contiguous", v2_ring<4, 2>, 256, 4, 2, false},
       {"v2 ring 2, 16 warps", v2_ring<2>, 512, 2},
+      {"v2 ring 4, interleaved", v2_ring<4, 8>, 256, 4, 8},
       {"v3 bulk 4 stages, rows", v3_bulk<4, 0>, 256, 0, 0, true, 4 * (64 * 160 + 512)},
       {"v3 bulk 8 stages, rows", v3_bulk<8, 0>, 256, 0, 0, true, 8 * (64 * 160 + 512)},
       {"v3 bulk 12 stages, rows", v3_bulk<12, 0>, 256, 0, 0, true, 12 * (64 * 160 + 512)},
