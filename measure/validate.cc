@@ -182,16 +182,26 @@ bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const 
   // Experts the kernel did not write, or out of range, are a difference
   // like any other: the first check stands.
   if (!read_routing(w.cfg, file, &kernel, &why)) return true;
+  // Layer by layer: a flip in one layer changes what every later layer
+  // sees, so each layer's experts are judged against the oracle routed as
+  // the kernel routed the layers before it.
+  kimi::Routing forced(w.cfg.layers());
+  OracleCase routed;
+  const OracleCase* oracle = &ref;
   std::string flipped;
   for (int i = 0; i < w.cfg.layers(); ++i) {
-    std::set<int> got(kernel[i].begin(), kernel[i].end()), want(ref.out.topk[i].begin(), ref.out.topk[i].end());
+    std::set<int> got(kernel[i].begin(), kernel[i].end());
+    std::set<int> want(oracle->out.topk[i].begin(), oracle->out.topk[i].end());
     if (got == want) continue;
-    if (size_t(i) >= ref.out.router_logits.size() || !within_rounding_of_topk(ref.out.router_logits[i], kernel[i]))
+    if (size_t(i) >= oracle->out.router_logits.size() ||
+        !within_rounding_of_topk(oracle->out.router_logits[i], kernel[i]))
       return true;  // a real difference: the first check stands
     flipped += (flipped.empty() ? "" : ", ") + std::to_string(i);
+    forced[i] = kernel[i];
+    routed = compute_oracle_case(w, ref.seed, ref.context, &forced);
+    oracle = &routed;
   }
   if (flipped.empty()) return true;
-  OracleCase routed = compute_oracle_case(w, ref.seed, ref.context, &kernel);
   CaseCheck again;
   if (!check_case(w.cfg, routed, file, gate, &again, err)) return false;
   again.experts_match = false;  // still not the oracle's own top-k

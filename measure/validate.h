@@ -55,10 +55,12 @@ bool check_case(const kimi::KimiConfig& cfg, const OracleCase& ref, const std::s
 bool within_rounding_of_topk(const std::vector<float>& logits, const std::vector<int>& chosen);
 
 // After check_case found other experts than the oracle's: when in every
-// layer the kernel's experts are within rounding of the top-k, the case is
-// checked again, as strictly, against the oracle routed as the kernel routed
-// (`check` is replaced and says so in routing_note); otherwise `check` is
-// left as it was. A flip beyond rounding stays a difference.
+// layer the kernel's experts are within rounding of the top-k of the oracle
+// routed as the kernel routed the layers before (a flip changes what later
+// layers see), the case is checked again, as strictly, against the oracle
+// routed as the kernel routed (`check` is replaced and says so in
+// routing_note); otherwise `check` is left as it was. A flip beyond
+// rounding stays a difference.
 bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const std::string& file, const Gate& gate,
                        CaseCheck* check, std::string* err);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "base/bf16.h"
 #include "base/fs.h"
@@ -131,5 +132,50 @@ TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checke
     REQUIRE(measure::recheck_near_ties(t.w, ref, "no such file", gate, &same, &err));
     CHECK(same.routing_note.empty());
   }
+  remove_tree(dir);
+}
+
+TEST_CASE("a near-tie flip whose consequences change later layers' experts is judged against the oracle routed alike") {
+  // A seed and context where taking the neighbour across layer 0's top-k
+  // boundary changes the experts of a later layer too (the later layer sees
+  // another input). The later change is the oracle's own answer for that
+  // input, so it is no difference of the kernel's.
+  Tiny t;
+  const kimi::KimiConfig& cfg = t.w.cfg;
+  measure::OracleCase ref, flipped;
+  kimi::Routing kernel;
+  int kept_out = -1, taken_in = -1;
+  bool found = false;
+  for (int seed = 0; seed < 64 && !found; ++seed) {
+    ref = measure::compute_oracle_case(t.w, seed, 5);
+    const std::vector<int> order = ranked(ref.out.router_logits[0]);
+    kept_out = order[cfg.n_active - 1];
+    taken_in = order[cfg.n_active];
+    kernel.assign(cfg.layers(), {});
+    kernel[0] = ref.out.topk[0];
+    std::replace(kernel[0].begin(), kernel[0].end(), kept_out, taken_in);
+    flipped = measure::compute_oracle_case(t.w, seed, 5, &kernel);
+    for (int i = 1; i < cfg.layers(); ++i) {
+      std::set<int> a(flipped.out.topk[i].begin(), flipped.out.topk[i].end());
+      std::set<int> b(ref.out.topk[i].begin(), ref.out.topk[i].end());
+      found = found || a != b;
+    }
+  }
+  REQUIRE_MESSAGE(found, "no seed below 64 where a layer-0 flip changes a later layer's experts");
+  std::string err, dir;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
+  const std::string file = join_path(dir, "case.safetensors");
+  REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, flipped.state, flipped.out, &err), err);
+  // As if the oracle's two logits in layer 0 were neighbours.
+  std::vector<float>& logits = ref.out.router_logits[0];
+  logits[taken_in] = bf16_to_float(uint16_t(float_to_bf16(logits[kept_out]) - 1));
+  measure::Gate gate;
+  measure::CaseCheck check;
+  REQUIRE_MESSAGE(measure::check_case(cfg, ref, file, gate, &check, &err), err);
+  CHECK_FALSE(check.experts_match);
+  REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
+  CHECK(check.passed);
+  CHECK(check.routing_note.find("layer(s) 0;") != std::string::npos);  // layer 0 alone flipped
+  CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
   remove_tree(dir);
 }
