@@ -25,9 +25,10 @@
 // probe's full occupancy); 16 warps per SM is the only lever that helped
 // (-20%); deeper rings, repacked layouts and bulk copies did not.
 //
-// Build and run (sm_90; on the device machine):
+// Build and run (sm_90; on the device machine): CMake builds it as
+// build/gemv_engine where it finds the CUDA toolkit, or by hand
 //   nvcc -arch=sm_90 -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
-//   /tmp/gemv_engine
+// then run it with no arguments (scripts/device_pack.sh carries it).
 // Weights use the spec's layout ([K/2, N] bytes, scales and zeros
 // [K/128, N] bf16); x is bf16, y is fp32 (one partial per k-split).
 #include <cuda_runtime.h>
