@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 
@@ -143,7 +144,17 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn", "mma"}, {"attn_heads", 4}, {"stages", 4}});
   golden_through_emu("kimi-top8.safetensors", {{"attn", "mma"}, {"blocks_per_sm", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 4}, {"scales", "smem"}, {"unroll", 2}});
-  golden_through_emu("kimi-top8.safetensors", {{"sched", "dynamic"}, {"waves", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"sched", "dynamic"}, {"waves", 4}, {"lead", 1}});
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}, {"threads", 128}});
+  {
+    // 16 blocks: the shared expert's 4 tiles are cut into 3 k-splits each
+    // ((16 - 4 router row items) / 4), the routed tiles otherwise.
+    setenv("KTUNE_EMU_SMS", "16", 1);
+    golden_through_emu("kimi-top8.safetensors", {{"lead", 0}});
+    golden_through_emu("kimi-top8.safetensors", {{"lead", 1}});
+    golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}});
+    unsetenv("KTUNE_EMU_SMS");
+  }
 
   unsetenv("KTUNE_EMU_SMS");
 }
@@ -167,7 +178,7 @@ TEST_CASE("emulated CUDA megakernel with mma attention at the full head count an
   // needs two passes of 16 heads (registers), over 8 warps one pass of two
   // m16 tiles.
   const kimi::KimiConfig cfg = tiny_mla("tiny-mla-full", 32, 512);
-  oracle_through_emu(cfg, {{"threads", 128}, {"attn_heads", 32}, {"attn", "mma"}, {"sched", "dynamic"}});
+  oracle_through_emu(cfg, {{"threads", 128}, {"attn_heads", 32}, {"attn", "mma"}, {"sched", "dynamic"}, {"lead", 1}});
   oracle_through_emu(cfg, {{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"stages", 2}});
 }
 

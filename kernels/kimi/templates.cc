@@ -36,6 +36,9 @@ KnobSpace cuda_mega_space() {
        "GEMV scales and zeros: loaded by each warp when its group changes, or copied for the whole work item "
        "into shared memory (cp.async) while the first weights load"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
+      {"lead", "KT_LEAD", {0, 1}, 1,
+       "MoE gate/up: cut the shared expert's tiles into as many k-splits as fill the first wave, so every "
+       "block streams them while the router's logits and the routing are computed"},
       {"sched", "KT_SCHED", {"static", "dynamic"}, "static",
        "GEMV work items after a block's first: round-robin by block index, or taken from a per-phase "
        "atomic counter, so blocks whose loads return sooner take more items"},

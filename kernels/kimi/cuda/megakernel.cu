@@ -41,7 +41,9 @@
 // tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
 // of every phase into args.trace, for `ktune bench`'s per-phase table),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
-// per-phase atomic counter).
+// per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
+// the shared experts' gate/up while the routed ones wait for the router,
+// cut to fill the first wave; ItemMap).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -69,6 +71,7 @@ static_assert(KD % WARPS == 0 && THREADS >= TILE && THREADS >= KD, "kda item spl
 static_assert(R % 64 == 0 && MH % HG == 0, "latent dims");
 static_assert(E <= 64 * 4, "experts");
 static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
+static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -639,12 +642,16 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
   return best;
 }
 
-// One item: k-split `split` of S of a tile, chunks [kc0, kc1) of its k
-// range. A tile cut into S > 1 items is finished by whichever ends last (an
-// atomic counter): it sums the items' partials in split order and runs the
-// epilogue.
+// One item (ItemMap::Item): k-split `split` of S of a tile, chunks
+// [kc0, kc1) of its k range. A tile cut into S > 1 items is finished by
+// whichever ends last (an atomic counter): it sums the items' partials
+// (slots slot0 .. slot0 + S - 1) in split order and runs the epilogue.
+struct Item {
+  int tile, kc0, kc1, split, S, slot0;
+};
 template <class P>
-KT_DEV void gemv_item(Ctx& c, P& p, int tile, int kc0, int kc1, int split, int S) {
+KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
+  const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1, split = item.split, S = item.S;
   const bool first = c.items++ == 0;
   if (first) stamp(c, c.layer, kPhaseItem);
   float acc[16], mma_acc[8][4], out[16];
@@ -670,7 +677,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int kc0, int kc1, int split, int S
   if (c.tid < TILE)
     for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
   if (S > 1) {
-    if (c.tid < TILE) c.s->partials[(size_t(tile) * S + split) * TILE + c.tid] = y;
+    if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
     __threadfence();
     __syncthreads();
     if (c.tid == 0) c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
@@ -682,7 +689,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int kc0, int kc1, int split, int S
     __threadfence();
     y = 0;
     if (c.tid < TILE)
-      for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[(size_t(tile) * S + sp) * TILE + c.tid]);
+      for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[size_t(item.slot0 + sp) * TILE + c.tid]);
     if (c.tid == 0) c.s->counters[tile] = 0;
   }
   if (c.tid < TILE) c.sm->ytile[c.tid] = y;
@@ -692,20 +699,50 @@ KT_DEV void gemv_item(Ctx& c, P& p, int tile, int kc0, int kc1, int split, int S
   if (first) stamp(c, c.layer, kPhaseItemDone);
 }
 
+// How a GEMV phase's work is numbered: row items first (small, and others
+// may wait for them), then the phase's lead tiles (KT_LEAD: tiles whose
+// weights and input are ready when the phase starts, such as the shared
+// expert's while the routed experts wait for the router) cut into as many
+// k-splits as fill the first wave, then the other tiles x S k-splits (S
+// from split_for).
+struct ItemMap {
+  int rows, lead, S_lead, S, nch, items;
+  template <class P>
+  KT_DEV explicit ItemMap(const P& p) {
+    const int tiles = p.tiles(), unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // staged items are whole groups
+    rows = p.row_items();
+    nch = p.seg_chunks(0) * p.nseg(0);
+    lead = KT_LEAD ? p.lead_tiles() : 0;
+    const int fill = lead > 0 ? (int(gridDim.x) - rows) / lead : 1;
+    S_lead = fill < 1 ? 1 : fill > nch / unit ? nch / unit : fill;
+    S = split_for(tiles - lead, nch, rows + lead * S_lead);
+    items = rows + lead * S_lead + (tiles - lead) * S;
+  }
+  // Item `it` (rows <= it < items).
+  KT_DEV Item item(int it) const {
+    const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1, nu = nch / unit;
+    int j = it - rows, tile, split, s, slot0;
+    if (j < lead * S_lead) {
+      tile = j / S_lead, split = j % S_lead, s = S_lead, slot0 = tile * S_lead;
+    } else {
+      j -= lead * S_lead;
+      tile = lead + j / S, split = j % S, s = S, slot0 = lead * S_lead + (tile - lead) * S;
+    }
+    return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0};
+  }
+};
+
 // Prefetches into L2 the weight rows this block will read in phase p.
 template <class P>
 KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
-  const int tiles = p.tiles();
-  const int segc0 = p.seg_chunks(0);
-  const int rows = p.row_items();
-  const int S = split_for(tiles, segc0 * p.nseg(0), rows);
-  for (int it = int(blockIdx.x) - rows; it < tiles * S; it += gridDim.x) {
-    if (it < 0 || !p.static_weights(it / S)) continue;
-    const int tile = it / S, split = it % S;
-    const int segc = p.seg_chunks(tile), nch = segc * p.nseg(tile);
-    const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // splits fall on whole groups when staged
-    const int kc0 = split * (nch / unit) / S * unit, kc1 = (split + 1) * (nch / unit) / S * unit;
+  const ItemMap map(p);
+  for (int it = int(blockIdx.x); it < map.items; it += gridDim.x) {
+    if (it < map.rows) continue;
+    const Item item = map.item(it);
+    const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1;
+    if (!p.static_weights(tile)) continue;
+    const int segc = p.seg_chunks(tile);
     for (int kp = kc0 * 8 + c.tid; kp < kc1 * 8; kp += THREADS) {
       const int s = kp / (segc * 8), lp = kp % (segc * 8);
       const Seg sg = p.seg(tile, s);
@@ -726,14 +763,12 @@ KT_DEV void prefetch_phase(Ctx& c, P& p) {
 template <class P>
 KT_DEV void early_issue(Ctx& c, P& p) {
 #if KT_STAGES > 0 && KT_EARLY
-  const int tiles = p.tiles(), rows = p.row_items();
-  const int nch = p.seg_chunks(0) * p.nseg(0);
-  const int S = split_for(tiles, nch, rows);
-  const int it = int(blockIdx.x) - rows;
-  if (it >= 0 && it < tiles * S && p.static_weights(it / S)) {
-    const int tile = it / S, split = it % S, ng = nch / STAGE_CHUNKS;
+  const ItemMap map(p);
+  const int it = int(blockIdx.x);
+  if (it >= map.rows && it < map.items && p.static_weights(map.item(it).tile)) {
+    const Item item = map.item(it);
     __syncthreads();  // the shared-memory pipeline is free again
-    stage_prologue(c, p, tile, split * ng / S, (split + 1) * ng / S);
+    stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
     c.early = true;
   }
 #else
@@ -742,33 +777,28 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 #endif
 }
 
-// A phase's items: its row items first (small, and others may wait for
-// them), then its tiles x S k-splits. A block's first item is its index;
+// A phase's items (ItemMap). A block's first item is its index;
 // the rest come round-robin (KT_SCHED 0) or from the phase's counter
 // (KT_SCHED 1): blocks whose loads return sooner then take the items that
 // would have queued behind slower ones. Thread 0 takes the next item when
 // the current one starts, so the atomic's round trip hides behind it.
 template <class P>
 KT_DEV void run_gemv_phase(Ctx& c, P& p) {
-  const int tiles = p.tiles(), rows = p.row_items(), nch = p.seg_chunks(0) * p.nseg(0);
+  const ItemMap map(p);
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
-  const int S = split_for(tiles, nch, rows);
-  const int items = tiles * S + rows;
-  for (int it = blockIdx.x; it < items;) {
+  for (int it = blockIdx.x; it < map.items;) {
     int next = it + int(gridDim.x);
 #if KT_SCHED == 1
     if (c.tid == 0) next = int(gridDim.x) + int(atomicAdd(counter, 1u));
 #else
     (void)counter;
 #endif
-    if (it < rows) {
+    if (it < map.rows) {
       p.row_item(c, it);
     } else {
-      const int tile = (it - rows) / S, split = (it - rows) % S;
-      // Staged items are whole quantization groups.
-      const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1, nu = nch / unit;
-      p.before_tile(c, tile);
-      gemv_item(c, p, tile, split * nu / S * unit, (split + 1) * nu / S * unit, split, S);
+      const Item item = map.item(it);
+      p.before_tile(c, item.tile);
+      gemv_item(c, p, item);
     }
 #if KT_SCHED == 1
     if (c.tid == 0) c.sm->next_item = next;
@@ -827,6 +857,7 @@ KT_DEV void rope_pair(float y0, float y1, int pos, int i, uint16_t* out) {
 // staged once for the phase, and weights known before the phase starts.
 struct PhaseDefaults {
   KT_DEV int row_items() const { return 0; }
+  KT_DEV int lead_tiles() const { return 0; }
   KT_DEV void row_item(Ctx&, int) {}
   KT_DEV void stage(Ctx&, int, int, int) {}
   KT_DEV void before_tile(Ctx&, int) {}
@@ -1285,6 +1316,7 @@ struct MoeAPhase : PhaseDefaults {
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
   KT_DEV bool static_weights(int tile) const { return tile < SHARED_TILES; }
+  KT_DEV int lead_tiles() const { return SHARED_TILES; }  // the shared experts' (KT_LEAD)
   // slot: the expert's position (routed 0..TOPK-1, shared TOPK..); up: gate 0 / up 1.
   KT_DEV void slot_of(int tile, int* slot, int* up) const {
     const int t = tile < SHARED_TILES ? tile : tile - SHARED_TILES;
