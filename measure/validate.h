@@ -32,7 +32,7 @@ struct CaseCheck {
   bool passed = false;
   bool experts_match = true;  // same set of experts per layer (not gated: a flip shows in the outputs)
   std::string failure;        // the first output that failed, and why
-  std::string routing_note;   // set when the experts differ only by a near-tie (recheck_near_ties)
+  std::string routing_note;   // how the experts differ, when they do (recheck_near_ties)
   json metrics = json::object();  // output name -> {cosine, rel_l2, nonfinite, n}
   json to_json() const;
 };
@@ -54,13 +54,19 @@ bool check_case(const kimi::KimiConfig& cfg, const OracleCase& ref, const std::s
 // spec's rounding points cannot rule that out.
 bool within_rounding_of_topk(const std::vector<float>& logits, const std::vector<int>& chosen);
 
+// How far `chosen` falls short of the top-k of `logits`: the highest logit
+// left out minus the lowest one chosen, in bf16 ulps of the larger (0 when
+// `chosen` is a top-k; infinite for an expert out of range or chosen twice).
+double topk_shortfall_ulps(const std::vector<float>& logits, const std::vector<int>& chosen);
+
 // After check_case found other experts than the oracle's: when in every
 // layer the kernel's experts are within rounding of the top-k of the oracle
 // routed as the kernel routed the layers before (a flip changes what later
 // layers see), the case is checked again, as strictly, against the oracle
 // routed as the kernel routed (`check` is replaced and says so in
-// routing_note); otherwise `check` is left as it was. A flip beyond
-// rounding stays a difference.
+// routing_note); otherwise `check` stands, and a flip beyond rounding says
+// in routing_note (and in `failure`, when it failed) which layer and how many
+// ulps short.
 bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const std::string& file, const Gate& gate,
                        CaseCheck* check, std::string* err);
 

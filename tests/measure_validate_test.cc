@@ -27,6 +27,10 @@ TEST_CASE("within_rounding_of_topk: the top-k, ties, and one bf16 ulp across the
   CHECK(measure::within_rounding_of_topk({3.0f, -1.0f, -next, -2.0f}, {0, 2}));  // negative neighbours
   CHECK_FALSE(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f}, {0, 0}));      // the same expert twice
   CHECK_FALSE(measure::within_rounding_of_topk({3.0f, 2.0f, 1.0f}, {0, 7}));      // out of range
+  // The shortfall in ulps: 0 for a top-k, 1 for one ulp, 2 for two.
+  CHECK(measure::topk_shortfall_ulps({3.0f, 2.0f, 1.0f, 0.5f}, {0, 1}) == 0.0);
+  CHECK(measure::topk_shortfall_ulps({3.0f, next, 1.0f, 0.5f}, {0, 2}) == 1.0);
+  CHECK(measure::topk_shortfall_ulps({3.0f, two_up, 1.0f, 0.5f}, {0, 2}) == 2.0);
 }
 
 namespace {
@@ -93,12 +97,18 @@ TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checke
   const double flipped_cosine = first.metrics["hidden"]["cosine"].get<double>();
   CHECK(flipped_cosine < 0.9999);  // the flip shows in the output
 
-  SUBCASE("logits far apart: the difference stands") {
+  SUBCASE("logits far apart: the difference stands, and says where") {
+    const double ulps = measure::topk_shortfall_ulps(ref.out.router_logits[0], kernel[0]);
+    REQUIRE(ulps > 1.0);
     REQUIRE_FALSE(measure::within_rounding_of_topk(ref.out.router_logits[0], kernel[0]));
     measure::CaseCheck check = first;
+    check.passed = false;  // as a failed case: the failure names the layer too
+    check.failure = "hidden: cosine below the gate";
     REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
-    CHECK(check.routing_note.empty());
-    CHECK(check.passed == first.passed);
+    CHECK(check.routing_note.find("layer 0") != std::string::npos);
+    CHECK(check.routing_note.find("ulps below its top-") != std::string::npos);
+    CHECK(check.failure.find("hidden: cosine below the gate; other experts than the oracle's in layer 0") == 0);
+    CHECK_FALSE(check.passed);
     CHECK(check.metrics["hidden"]["cosine"].get<double>() == flipped_cosine);
   }
   SUBCASE("logits one bf16 ulp apart: rechecked, and it passes") {

@@ -642,7 +642,7 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
   return best;
 }
 
-// One item (ItemMap::Item): k-split `split` of S of a tile, chunks
+// One item (numbered by ItemMap, below): k-split `split` of S of a tile, chunks
 // [kc0, kc1) of its k range. A tile cut into S > 1 items is finished by
 // whichever ends last (an atomic counter): it sums the items' partials
 // (slots slot0 .. slot0 + S - 1) in split order and runs the epilogue.
@@ -765,12 +765,12 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 #if KT_STAGES > 0 && KT_EARLY
   const ItemMap map(p);
   const int it = int(blockIdx.x);
-  if (it >= map.rows && it < map.items && p.static_weights(map.item(it).tile)) {
-    const Item item = map.item(it);
-    __syncthreads();  // the shared-memory pipeline is free again
-    stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
-    c.early = true;
-  }
+  if (it < map.rows || it >= map.items) return;
+  const Item item = map.item(it);
+  if (!p.static_weights(item.tile)) return;
+  __syncthreads();  // the shared-memory pipeline is free again
+  stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
+  c.early = true;
 #else
   (void)c;
   (void)p;
