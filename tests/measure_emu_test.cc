@@ -146,15 +146,12 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 4}, {"scales", "smem"}, {"unroll", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"sched", "dynamic"}, {"waves", 4}, {"lead", 1}});
   golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}, {"threads", 128}});
-  {
-    // 16 blocks: the shared expert's 4 tiles are cut into 3 k-splits each
-    // ((16 - 4 router row items) / 4), the routed tiles otherwise.
-    setenv("KTUNE_EMU_SMS", "16", 1);
-    golden_through_emu("kimi-top8.safetensors", {{"lead", 0}});
-    golden_through_emu("kimi-top8.safetensors", {{"lead", 1}});
-    golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}});
-    unsetenv("KTUNE_EMU_SMS");
-  }
+  // 16 blocks: the shared expert's 4 tiles are cut into 3 k-splits each
+  // ((16 - 4 router row items) / 4), the routed tiles otherwise.
+  setenv("KTUNE_EMU_SMS", "16", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 0}});
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 1}});
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}});
 
   unsetenv("KTUNE_EMU_SMS");
 }

@@ -706,10 +706,11 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
 // k-splits as fill the first wave, then the other tiles x S k-splits (S
 // from split_for).
 struct ItemMap {
+  static constexpr int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // chunks per split unit: staged items are whole groups
   int rows, lead, S_lead, S, nch, items;
   template <class P>
   KT_DEV explicit ItemMap(const P& p) {
-    const int tiles = p.tiles(), unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // staged items are whole groups
+    const int tiles = p.tiles();
     rows = p.row_items();
     nch = p.seg_chunks(0) * p.nseg(0);
     lead = KT_LEAD ? p.lead_tiles() : 0;
@@ -720,7 +721,7 @@ struct ItemMap {
   }
   // Item `it` (rows <= it < items).
   KT_DEV Item item(int it) const {
-    const int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1, nu = nch / unit;
+    const int nu = nch / unit;
     int j = it - rows, tile, split, s, slot0;
     if (j < lead * S_lead) {
       tile = j / S_lead, split = j % S_lead, s = S_lead, slot0 = tile * S_lead;

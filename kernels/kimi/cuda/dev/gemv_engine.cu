@@ -103,7 +103,7 @@ __device__ __forceinline__ void chunk_mma(const uint4& wa, const uint4& wb, cons
 
 // The warp's sums for its 16 columns, written as this split's partial
 // (lanes t == 0 hold them after the mma: d[0] + d[1] is column 2j, etc.).
-__device__ __forceinline__ void store_partial(const Problem& p, int m, int tile, int split, int warp_sums_base,
+__device__ __forceinline__ void store_partial(const Problem& p, int m, int tile, int split,
                                               float (&acc)[8][4], float* red) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
@@ -120,7 +120,6 @@ __device__ __forceinline__ void store_partial(const Problem& p, int m, int tile,
     p.y[(size_t(m) * p.S + split) * p.N + tile * TILE + threadIdx.x] = y;
   }
   __syncthreads();
-  (void)warp_sums_base;
 }
 
 __device__ __forceinline__ void stamp_span(const Problem& p, bool start) {
@@ -202,7 +201,7 @@ __global__ void v1_registers(Problem p) {
       }
       if (l + U < c1) load(l + U);
     }
-    store_partial(p, m, tile, split, 0, acc, red);
+    store_partial(p, m, tile, split, acc, red);
   }
   stamp_span(p, false);
 }
@@ -284,7 +283,7 @@ __global__ void v2_ring(Problem p) {
         chunk_mma(wa, wb, ss, zz, xs, lc, acc);
     }
     kt_cp_async_wait<0>();
-    store_partial(p, m, tile, split, 0, acc, red);
+    store_partial(p, m, tile, split, acc, red);
   }
   stamp_span(p, false);
 }
@@ -388,7 +387,7 @@ __global__ void v3_bulk(Problem p) {
       ++uses;
     }
     // Thread 0 stays in step: its fill count already matches (it filled n stages).
-    store_partial(p, m, tile, split, 0, acc, red);
+    store_partial(p, m, tile, split, acc, red);
   }
   stamp_span(p, false);
 }
