@@ -3,6 +3,7 @@
 # knob defines (on top of the defaults) and prints ptxas's registers, spills
 # and shared memory: a quick check, without a GPU, that a knob setting fits.
 # Usage: scripts/ptxas_check.sh [KT_NAME=value ...]   e.g. KT_PIPELINE=1 KT_THREADS=512
+# With CUBIN_OUT=path the cubin is kept there (for cuobjdump -sass).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -17,6 +18,6 @@ for kv in "$@"; do d[${kv%%=*}]=${kv#*=}; done
 args=()
 for k in "${!d[@]}"; do args+=("-D$k=${d[$k]}"); done
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap '[ -n "${CUBIN_OUT:-}" ] && cp "$out/k.cubin" "$CUBIN_OUT"; rm -rf "$out"' EXIT
 "$nvcc" -arch=sm_90 -O3 -cubin -std=c++17 -I"$root" "${args[@]}" -Xptxas -v -o "$out/k.cubin" \
-  -x cu "$root/kernels/kimi/cuda/megakernel.cu" 2>&1 | grep -E "ktune_k0|registers|spill|error" | grep -v "^ptxas info    : Compiling" || true
+  -x cu "$root/kernels/kimi/cuda/megakernel.cu" 2>&1 | grep -E "Function properties|registers|spill|error" | grep -v "^ptxas info    : Compiling" || true

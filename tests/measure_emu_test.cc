@@ -131,6 +131,8 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   setenv("KTUNE_EMU_SMS", "3", 1);
   golden_through_emu("kimi-top8.safetensors", {{"threads", 256}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 256}, {"pipeline", 1}, {"scales", "smem"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 256}, {"scales", "ahead"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"pipeline", 1}, {"unroll", 4}, {"scales", "ahead"}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"pipeline", 1}, {"unroll", 1}, {"dequant", "fma"}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"dequant", "fma"}, {"stages", 0}, {"unroll", 1}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"stages", 2}, {"barrier", "counter"}, {"attn_heads", 32}});

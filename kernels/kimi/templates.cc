@@ -32,9 +32,10 @@ KnobSpace cuda_mega_space() {
        "(16 heads x 16 cached rows per tile)"},
       {"pipeline", "KT_PIPELINE", {0, 1}, 0,
        "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
-      {"scales", "KT_SCALES", {"global", "smem"}, "global",
-       "GEMV scales and zeros: loaded by each warp when its group changes, or copied for the whole work item "
-       "into shared memory (cp.async) while the first weights load"},
+      {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "global",
+       "GEMV scales and zeros: loaded by each warp when its group changes (and waited for), copied for the "
+       "whole work item into shared memory (cp.async) while the first weights load, or loaded one group "
+       "ahead into registers (the first with the first weights)"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
       {"lead", "KT_LEAD", {0, 1}, 1,
        "MoE gate/up: cut the shared expert's tiles into as many k-splits as fill the first wave, so every "

@@ -35,9 +35,11 @@
 // group per stage), KT_EARLY (1, with stages: the first stages of a block's
 // next GEMV item are issued before it waits at the barrier), KT_PIPELINE
 // (1, register path: a warp issues its next batch of weight loads before
-// computing the current one), KT_SCALES (1: an item's scales and zeros are
-// copied into shared memory while its first weights load, instead of each
-// warp fetching them when its group changes), KT_ATTN (1: attention on
+// computing the current one), KT_SCALES (0: each warp fetches a group's
+// scales and zeros when it enters the group, and waits for them; 1: an
+// item's are copied into shared memory while its first weights load; 2: a
+// warp fetches the next group's when it enters a group, so only its first
+// group waits), KT_ATTN (1: attention on
 // tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
 // of every phase into args.trace, for `ktune bench`'s per-phase table),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
@@ -424,7 +426,8 @@ KT_DEV void load_batch(const Seg& sg, int l, int l1, uint4 (&wa)[U], uint4 (&wb)
 // xh/xl: the segment's first k-pair of the staged input.
 KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][TILE], const uint32_t* xh,
                           const uint32_t* xl, const uint4 (&wa)[U], const uint4 (&wb)[U], int& cur_group,
-                          uint32_t (&ss)[16], uint32_t (&zz)[16], float (&acc)[16], float (&mma_acc)[8][4]) {
+                          RawScales& ahead, uint32_t (&ss)[16], uint32_t (&zz)[16], float (&acc)[16],
+                          float (&mma_acc)[8][4]) {
   const int g = (threadIdx.x & 31) >> 2, col = sg.n0 + 16 * g;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -434,9 +437,15 @@ KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][
     if (grp != cur_group) {
       cur_group = grp;
 #if KT_SCALES == 1
+      (void)ahead;
       expand_smem_scales(gs[grp][0], gs[grp][1], g, col < sg.N, ss, zz);
+#elif KT_SCALES == 2
+      (void)gs;
+      expand_scales(ahead, col < sg.N, ss, zz);
+      if (grp < (l1 - 1) / STAGE_CHUNKS) ahead = fetch_scales(sg, grp + 1, col, col < sg.N);
 #else
       (void)gs;
+      (void)ahead;
       load_scales(sg, grp, col, col < sg.N, ss, zz);
 #endif
     }
@@ -449,20 +458,28 @@ KT_DEV void gemv_segment(const Seg& sg, int l0, int l1, const uint16_t (*gs)[2][
                          const uint32_t* xl, float (&acc)[16], float (&mma_acc)[8][4]) {
   uint32_t ss[16], zz[16];
   int cur_group = -1;
+#if KT_SCALES == 2
+  // The first group's scales go out with the first weights; each group's
+  // expansion then fetches the next one's (see compute_batch).
+  const int col = sg.n0 + 16 * ((threadIdx.x & 31) >> 2);
+  RawScales ahead = fetch_scales(sg, l0 / STAGE_CHUNKS, col, col < sg.N);
+#else
+  RawScales ahead;
+#endif
   uint4 wa0[U], wb0[U];
   load_batch(sg, l0, l1, wa0, wb0);
 #if KT_PIPELINE
   uint4 wa1[U], wb1[U];
   for (int l = l0; l < l1; l += 2 * U) {
     load_batch(sg, l + U, l1, wa1, wb1);
-    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ss, zz, acc, mma_acc);
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, acc, mma_acc);
     if (l + U >= l1) break;
     load_batch(sg, l + 2 * U, l1, wa0, wb0);
-    compute_batch(sg, l + U, l1, gs, xh, xl, wa1, wb1, cur_group, ss, zz, acc, mma_acc);
+    compute_batch(sg, l + U, l1, gs, xh, xl, wa1, wb1, cur_group, ahead, ss, zz, acc, mma_acc);
   }
 #else
   for (int l = l0; l < l1; l += U) {
-    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ss, zz, acc, mma_acc);
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, acc, mma_acc);
     if (l + U < l1) load_batch(sg, l + U, l1, wa0, wb0);
   }
 #endif
@@ -649,11 +666,10 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items) {
 struct Item {
   int tile, kc0, kc1, split, S, slot0;
 };
+// An item's k range: each warp's sums for the tile's 128 columns, left in
+// c.sm->red[warp].
 template <class P>
-KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
-  const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1, split = item.split, S = item.S;
-  const bool first = c.items++ == 0;
-  if (first) stamp(c, c.layer, kPhaseItem);
+KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
   float acc[16], mma_acc[8][4], out[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0;
@@ -665,13 +681,21 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
 #else
   gemv_registers(c, p, tile, kc0, kc1, acc, mma_acc);
 #endif
-  if (first) stamp(c, c.layer, kPhaseItemComputed);
   gemv_finish(acc, mma_acc, out);
   const int g = c.lane >> 2, t = c.lane & 3;
   if (t == 0) {
 #pragma unroll
     for (int b = 0; b < 16; ++b) c.sm->red[c.warp][16 * g + b] = out[b];
   }
+}
+
+template <class P>
+KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
+  const int tile = item.tile, split = item.split, S = item.S;
+  const bool first = c.items++ == 0;
+  if (first) stamp(c, c.layer, kPhaseItem);
+  item_sums(c, p, tile, item.kc0, item.kc1);
+  if (first) stamp(c, c.layer, kPhaseItemComputed);
   __syncthreads();
   float y = 0;
   if (c.tid < TILE)

@@ -18,12 +18,29 @@
 //   v3  bulk copies (cp.async.bulk, completion on an mbarrier) into a
 //       block-wide ring of quantization groups, one 8-KB copy per stage
 //       from a repacked layout or one 128-byte copy per row as stored
+//   v4  v1 with the item's rows prefetched into L2 (all at the item's start,
+//       or D chunks ahead; prefetch.global.L2 or bulk prefetches)
+//   v5  v1 software-pipelined: two register buffers, the next batch's loads
+//       issued before the current batch is computed; NOLOAD times the
+//       compute alone
+//   v6  v5 with each group's scales fetched one group ahead
+//   v7  v6 with fewer instructions per chunk (one LOP3 per nibble pair,
+//       scales and zeros kept two columns per word)
 //
-// What it showed on the H200 (RESULTS.md, 2026-11-30 third session): for
-// one q,k,v,g-sized phase (20 MB) every version takes 14-20 us, against
-// 10 us for the plain stream with as few warps (and ~5 us at the stream
-// probe's full occupancy); 16 warps per SM is the only lever that helped
-// (-20%); deeper rings, repacked layouts and bulk copies did not.
+// What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
+// 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
+// us for the plain stream with as few warps; loads alone are not the limit:
+// - the compute alone (v5 without loads) takes 12 us: the chunk loop runs
+//   at ~0.4 instructions per cycle per scheduler with 2 warps each (ncu),
+//   and waits one DRAM round trip per quantization group for its scales;
+// - fetching scales a group ahead (v6) takes the phase to 14.3 us and the
+//   steady state from 1.43 to 1.9 TB/s; v7's leaner dequant takes the
+//   compute alone from 10.3 to 9.2 us but not the phase (its loads are
+//   scheduled later);
+// - the per-lane cp.async ring stops at ~2.2 TB/s whatever its depth or
+//   layout, even without compute; bulk copies of a repacked layout deliver
+//   3.6 TB/s without compute (v3 is slow only for its consumer: every warp
+//   expands a group's scales for one chunk); L2 prefetches do not help.
 //
 // Build and run (sm_90; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
@@ -155,27 +172,62 @@ __global__ void v0_stream(Problem p) {
   stamp_span(p, false);
 }
 
-// ---- v1: the register path -------------------------------------------------------
-template <int U>
+// ---- v1: the register path (PF 0); v4: with the item's rows prefetched into L2 --
+// v4 is v1 plus prefetches that put many more bytes in flight than the registers
+// hold: the loads then find their lines in L2 (or on their way there).
+// PF 1: at the item's start each warp prefetches all its rows (and its
+// groups' scales), prefetch.global.L2 at both 64-byte halves of each
+// 128-byte row; PF 2: the same with one 128-byte bulk prefetch per row;
+// PF 3: bulk prefetches D chunks ahead of the loads (the first D at the
+// start); PF 4: as 3 with prefetch.global.L2.
+template <int PF>
+__device__ __forceinline__ void prefetch_row(const uint8_t* row) {
+  if (PF == 1 || PF == 4) {
+    kt_prefetch_l2(row);
+    kt_prefetch_l2(row + 64);
+  } else {
+    kt_prefetch_l2_bulk(row, 128);
+  }
+}
+template <int U, int PF = 0, int D = 8>
 __global__ void v1_registers(Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint32_t* xs = reinterpret_cast<uint32_t*>(smem);
   float* red = reinterpret_cast<float*>(smem + p.K * 2);
   stamp_span(p, true);
-  stage_x(p, xs);
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int tiles = p.N / TILE, nch = p.K / CHUNK;
+  bool staged = false;
   for (int it = blockIdx.x; it < p.M * tiles * p.S; it += gridDim.x) {
     const int m = it / (tiles * p.S), tile = it / p.S % tiles, split = it % p.S;
     const int kc0 = split * nch / p.S, kc1 = (split + 1) * nch / p.S;
     const int c0 = kc0 + (kc1 - kc0) * warp / warps, c1 = kc0 + (kc1 - kc0) * (warp + 1) / warps;
-    const uint8_t* w = p.wq + size_t(m) * (p.K / 2) * p.N + tile * TILE + 16 * g;
-    const size_t soff = size_t(m) * (p.K / 128) * p.N + tile * TILE + 16 * g;
+    const uint8_t* tw = p.wq + size_t(m) * (p.K / 2) * p.N + tile * TILE;  // the tile's row 0
+    const size_t tso = size_t(m) * (p.K / 128) * p.N + tile * TILE;
+    if (PF) {  // prefetches first, before x is staged, so they overlap it
+      const int r1 = (PF <= 2 ? c1 : min(c1, c0 + D)) * 8;
+      for (int r = c0 * 8 + lane; r < r1; r += 32) prefetch_row<PF>(tw + size_t(r) * p.N);
+      if (c0 < c1)
+        for (int q = c0 / GROUP_CHUNKS + lane / 4; q <= (c1 - 1) / GROUP_CHUNKS; q += 8) {
+          const uint16_t* base = (lane & 2 ? p.ze : p.sc) + tso + size_t(q) * p.N + (lane & 1) * 64;
+          kt_prefetch_l2_bulk(base, 128);
+        }
+    }
+    if (!staged) {
+      stage_x(p, xs);
+      staged = true;
+    }
+    const uint8_t* w = tw + 16 * g;
+    const size_t soff = tso + 16 * g;
     float acc[8][4] = {};
     uint32_t ss[16], zz[16];
     int cur = -1;
     uint4 wa[U], wb[U];
     auto load = [&](int l) {
+      if (PF >= 3 && lane < 8 * U) {  // v4, rolling: D chunks ahead
+        const int r = (l + D) * 8 + lane;
+        if (r < c1 * 8) prefetch_row<PF>(tw + size_t(r) * p.N);
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int lc = l + u < c1 ? l + u : c1 - 1;
@@ -203,6 +255,189 @@ __global__ void v1_registers(Problem p) {
     }
     store_partial(p, m, tile, split, acc, red);
   }
+  stamp_span(p, false);
+}
+
+// ---- v5: the register path, software-pipelined ---------------------------------
+// v1 with two register buffers: batch i + 1's loads are issued before batch
+// i is computed, so a warp's compute overlaps its next loads instead of
+// following them. NOLOAD 1 replaces the loads with values made from the
+// chunk index (results unchecked): the compute's own time. The kernel is
+// v6_scales_ahead's with AHEAD false (below); v5_load is its batch of loads.
+template <int U, bool NOLOAD>
+__device__ __forceinline__ void v5_load(const uint8_t* w, int N, int l, int c1, int t, uint4 (&wa)[U],
+                                        uint4 (&wb)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int lc = l + u < c1 ? l + u : c1 - 1;
+    if (NOLOAD) {
+      const uint32_t h = uint32_t(lc) * 2654435761u ^ uint32_t(t);
+      wa[u] = make_uint4(h, h * 3u, h * 5u, h * 7u);
+      wb[u] = make_uint4(h * 11u, h * 13u, h * 17u, h * 19u);
+    } else {
+      wa[u] = kt_ld_weights<1>(w + size_t(lc * 8 + t) * N);
+      wb[u] = kt_ld_weights<1>(w + size_t(lc * 8 + t + 4) * N);
+    }
+  }
+}
+// ---- v6: v5 with each group's scales fetched one group ahead ---------------------
+// In v1 and v5 a warp entering a quantization group loads its scales and
+// zeros and waits for them: one dependent round trip to DRAM per group, in
+// the middle of the chunk loop (v5 without weight loads still took 12 us
+// for the q,k,v,g phase for that reason). Here the raw scales of group q + 1
+// are loaded when group q is entered (16 more registers), so only the
+// item's first group waits. NOLOAD 2: no weight loads and no scale loads
+// (the dequant and mma alone). The kernel, v6_scales_ahead, follows v7's
+// helpers: with LEAN it is v7.
+// ---- v7: v6 with fewer instructions per chunk --------------------------------------
+// Two savings on the dequant, same results bit for bit:
+// - the nibble pair's mask-and-bias, (t & 0x000f000f) | 0x43004300, is one
+//   LOP3 only when the bias is in a register (a LOP3 takes one immediate);
+//   ptxas folds a literal into two LOP3s, so the bias is read from a global
+//   it cannot see through (one register for the whole kernel);
+// - scales and zeros stay as loaded, two columns per word: the bf16 ops
+//   take either half of a word broadcast (.H0_H0 / .H1_H1), so a group
+//   needs 8 HADD2s for its zeros + 128 instead of expanding 32 registers.
+__device__ uint32_t g_bias_pair = 0x43004300u;  // bf16 (128, 128); written nowhere else
+
+__device__ __forceinline__ uint32_t nibbles_biased(uint32_t word, uint32_t shifted, int b, uint32_t bias) {
+  const uint32_t sel = uint32_t(b) | (uint32_t(b) << 4) | (uint32_t(b + 4) << 8) | (uint32_t(b + 4) << 12);
+  return (__byte_perm(word, shifted, sel) & 0x000f000fu) | bias;
+}
+// ((128 + q) - (128 + z)) * s on a nibble pair, z and s taken from half h of
+// their words.
+template <int h>
+__device__ __forceinline__ uint32_t dequant_half(uint32_t pair, uint32_t zr, uint32_t sr) {
+  const __nv_bfloat162 p2 = *reinterpret_cast<const __nv_bfloat162*>(&pair);
+  const __nv_bfloat162 z2 = *reinterpret_cast<const __nv_bfloat162*>(&zr);
+  const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162*>(&sr);
+  const __nv_bfloat162 zb = h ? __high2bfloat162(z2) : __low2bfloat162(z2);
+  const __nv_bfloat162 sb = h ? __high2bfloat162(s2) : __low2bfloat162(s2);
+  const __nv_bfloat162 r = __hmul2(__hsub2(p2, zb), sb);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// zr[j] = (128 + z) of the lane's columns 2j, 2j+1; sr[j] their scales.
+__device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
+                                               const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
+                                               float (&acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  uint32_t b[2] = {g == 0 ? xs[lc * 8 + t] : 0u, g == 0 ? xs[lc * 8 + t + 4] : 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int wi = j >> 1, b0 = (j & 1) * 2;
+    const uint32_t A = word_of(wa, wi), B = word_of(wb, wi), As = A >> 4, Bs = B >> 4;
+    uint32_t a[4] = {dequant_half<0>(nibbles_biased(A, As, b0, bias), zr[j], sr[j]),
+                     dequant_half<1>(nibbles_biased(A, As, b0 + 1, bias), zr[j], sr[j]),
+                     dequant_half<0>(nibbles_biased(B, Bs, b0, bias), zr[j], sr[j]),
+                     dequant_half<1>(nibbles_biased(B, Bs, b0 + 1, bias), zr[j], sr[j])};
+    kt_mma_bf16(acc[j], a, b);
+  }
+}
+// LEAN: v7 (above) instead of v6's expanded scales and literal bias.
+// AHEAD false: v5 (each group's scales loaded when the group is entered).
+template <int U, int NOLOAD = 0, bool LEAN = false, bool AHEAD = true>
+__global__ void v6_scales_ahead(Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint32_t* xs = reinterpret_cast<uint32_t*>(smem);
+  float* red = reinterpret_cast<float*>(smem + p.K * 2);
+  stamp_span(p, true);
+  stage_x(p, xs);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int tiles = p.N / TILE, nch = p.K / CHUNK;
+  for (int it = blockIdx.x; it < p.M * tiles * p.S; it += gridDim.x) {
+    const int m = it / (tiles * p.S), tile = it / p.S % tiles, split = it % p.S;
+    const int kc0 = split * nch / p.S, kc1 = (split + 1) * nch / p.S;
+    const int c0 = kc0 + (kc1 - kc0) * warp / warps, c1 = kc0 + (kc1 - kc0) * (warp + 1) / warps;
+    const uint8_t* w = p.wq + size_t(m) * (p.K / 2) * p.N + tile * TILE + 16 * g;
+    const size_t soff = size_t(m) * (p.K / 128) * p.N + tile * TILE + 16 * g;
+    const int last_group = (c1 - 1) / GROUP_CHUNKS;
+    uint4 next_s[2], next_z[2];
+    auto load_scales = [&](int grp) {
+      if (NOLOAD == 2) {
+        next_s[0] = next_s[1] = make_uint4(0x3c003c00u ^ grp, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u);
+        next_z[0] = next_z[1] = make_uint4(0x41004100u, 0x41004100u, 0x41004100u, 0x41004100u ^ grp);
+        return;
+      }
+      grp = min(grp, last_group);
+      const uint16_t* sp = p.sc + soff + size_t(grp) * p.N;
+      const uint16_t* zp = p.ze + soff + size_t(grp) * p.N;
+      next_s[0] = kt_ld_weights<1>(sp);
+      next_s[1] = kt_ld_weights<1>(sp + 8);
+      next_z[0] = kt_ld_weights<1>(zp);
+      next_z[1] = kt_ld_weights<1>(zp + 8);
+    };
+    float acc[8][4] = {};
+    uint32_t ss[16], zz[16];  // v6: per column, expanded
+    uint32_t sr[8], zr[8];    // v7: two columns per word
+    const uint32_t bias = LEAN ? g_bias_pair : 0u;
+    int cur = -1;
+    auto compute = [&](int l, const uint4(&wa)[U], const uint4(&wb)[U]) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int lc = l + u;
+        if (lc >= c1) break;
+        if (lc / GROUP_CHUNKS != cur) {
+          cur = lc / GROUP_CHUNKS;
+          if (!AHEAD) load_scales(cur);  // v5: waited for right here
+          if (LEAN) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              sr[i] = word_of(next_s[i / 4], i % 4);
+              const uint32_t zw = word_of(next_z[i / 4], i % 4);
+              const __nv_bfloat162 z2 = __hadd2(*reinterpret_cast<const __nv_bfloat162*>(&zw),
+                                                *reinterpret_cast<const __nv_bfloat162*>(&bias));
+              zr[i] = *reinterpret_cast<const uint32_t*>(&z2);
+            }
+          } else {
+            expand(next_s, next_z, ss, zz);
+          }
+          if (AHEAD) load_scales(cur + 1);
+        }
+        if (LEAN)
+          chunk_mma_lean(wa[u], wb[u], sr, zr, bias, xs, lc, acc);
+        else
+          chunk_mma(wa[u], wb[u], ss, zz, xs, lc, acc);
+      }
+    };
+    uint4 wa0[U], wb0[U], wa1[U], wb1[U];
+    if (c0 < c1) {
+      if (AHEAD) load_scales(c0 / GROUP_CHUNKS);
+      v5_load<U, NOLOAD != 0>(w, p.N, c0, c1, t, wa0, wb0);
+    }
+    for (int l = c0; l < c1; l += 2 * U) {
+      if (l + U < c1) v5_load<U, NOLOAD != 0>(w, p.N, l + U, c1, t, wa1, wb1);
+      compute(l, wa0, wb0);
+      if (l + U >= c1) break;
+      if (l + 2 * U < c1) v5_load<U, NOLOAD != 0>(w, p.N, l + 2 * U, c1, t, wa0, wb0);
+      compute(l + U, wa1, wb1);
+    }
+    store_partial(p, m, tile, split, acc, red);
+  }
+  stamp_span(p, false);
+}
+
+// v0 with L loads in flight per thread: does the plain stream at 8 warps
+// reach the bandwidth once each thread keeps more bytes in flight?
+template <int L>
+__global__ void v0_stream_deep(Problem p) {
+  stamp_span(p, true);
+  const size_t words = size_t(p.M) * p.K / 2 * p.N / 16;
+  const uint4* src = reinterpret_cast<const uint4*>(p.wq);
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + (L - 1) * stride < words; i += L * stride) {
+    uint4 v[L];
+#pragma unroll
+    for (int u = 0; u < L; ++u) v[u] = kt_ld_weights<1>(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < L; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < words; i += stride) {
+    const uint4 v = kt_ld_weights<1>(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) p.y[0] = float(acc);
   stamp_span(p, false);
 }
 
@@ -320,7 +555,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                : "memory");
 }
 
-template <int NST, int CONTIG>
+template <int NST, int CONTIG, bool NOCOMP = false>
 __global__ void v3_bulk(Problem p) {
   constexpr int ROW = CONTIG ? TILE : 160, WBYTES = 64 * ROW, STAGE = WBYTES + 512;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -371,6 +606,12 @@ __global__ void v3_bulk(Problem p) {
       const unsigned slot = uses % NST, round = uses / NST;
       mbar_wait(&full[slot], round & 1);
       const unsigned char* st = ring + slot * STAGE;
+      if (NOCOMP) {  // the copies' delivery rate alone
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+        ++uses;
+        continue;
+      }
       const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + WBYTES);
       uint4 sv[2] = {reinterpret_cast<const uint4*>(sc + 16 * g)[0], reinterpret_cast<const uint4*>(sc + 16 * g)[1]};
       uint4 zv[2] = {reinterpret_cast<const uint4*>(sc + 128 + 16 * g)[0],
@@ -460,7 +701,30 @@ int main() {
     int ring_bytes = 0;  // v3: its stages (plus barriers and alignment below)
   };
   const Version versions[] = {
-      {"v0 stream", v0_stream, 256, 0},           {"v1 registers U2, 8 warps", v1_registers<2>, 256, 0},
+      {"v7 U2 lean", v6_scales_ahead<2, 0, true>, 256, 0},
+      {"v7 U4 lean", v6_scales_ahead<4, 0, true>, 256, 0},
+      {"v7 U2 lean, no loads at all", v6_scales_ahead<2, 2, true>, 256, 0, 0, false},
+      {"v6 U2 scales ahead", v6_scales_ahead<2>, 256, 0},
+      {"v6 U4 scales ahead", v6_scales_ahead<4>, 256, 0},
+      {"v6 U2, no weight loads", v6_scales_ahead<2, 1>, 256, 0, 0, false},
+      {"v6 U2, no loads at all", v6_scales_ahead<2, 2>, 256, 0, 0, false},
+      {"v6 U4, no loads at all", v6_scales_ahead<4, 2>, 256, 0, 0, false},
+      {"v5 U2 pipelined", v6_scales_ahead<2, 0, false, false>, 256, 0},
+      {"v5 U4 pipelined", v6_scales_ahead<4, 0, false, false>, 256, 0},
+      {"v5 U4 pipelined, no loads", v6_scales_ahead<4, 1, false, false>, 256, 0, 0, false},
+      {"v5 U2 pipelined, no loads", v6_scales_ahead<2, 1, false, false>, 256, 0, 0, false},
+      {"v5 U2 pipelined, 16 warps", v6_scales_ahead<2, 0, false, false>, 512, 0},
+      {"v3 bulk 16 contig, no comp", v3_bulk<16, 1, true>, 256, 0, 0, false, 16 * (64 * 128 + 512)},
+      {"v0 stream", v0_stream, 256, 0},
+      {"v0 stream, 8 loads", v0_stream_deep<8>, 256, 0},
+      {"v0 stream, 16 loads", v0_stream_deep<16>, 256, 0},
+      {"v4 U2, item prefetch.L2", v1_registers<2, 1>, 256, 0},
+      {"v4 U2, item bulk prefetch", v1_registers<2, 2>, 256, 0},
+      {"v4 U2, bulk 8 ahead", v1_registers<2, 3, 8>, 256, 0},
+      {"v4 U2, bulk 16 ahead", v1_registers<2, 3, 16>, 256, 0},
+      {"v4 U2, prefetch.L2 8 ahead", v1_registers<2, 4, 8>, 256, 0},
+      {"v4 U4, bulk 16 ahead", v1_registers<4, 3, 16>, 256, 0},
+      {"v4 U2, item bulk, 16 warps", v1_registers<2, 2>, 512, 0},           {"v1 registers U2, 8 warps", v1_registers<2>, 256, 0},
       {"v1 registers U4, 8 warps", v1_registers<4>, 256, 0}, {"v1 registers U2, 16 warps", v1_registers<2>, 512, 0},
       {"v2 ring 4, 8 warps", v2_ring<4>, 256, 4},    {"v2 ring 8, 8 warps", v2_ring<8>, 256, 8},
       {"v2 ring 16, 8 warps", v2_ring<16>, 256, 16}, {"v2 ring 4, 16 warps", v2_ring<4>, 512, 4},
@@ -468,6 +732,14 @@ int main() {
       {"v2 ring 4, contiguous", v2_ring<4, 2>, 256, 4, 2, false},
       {"v2 ring 2, 16 warps", v2_ring<2>, 512, 2},
       {"v2 ring 4, interleaved", v2_ring<4, 8>, 256, 4, 8},
+      {"v2 ring 8, no compute", v2_ring<8, 1>, 256, 8, 1, false},
+      {"v2 ring 16, no compute", v2_ring<16, 1>, 256, 16, 1, false},
+      {"v2 ring 8, no comp, contig", v2_ring<8, 3>, 256, 8, 3, false},
+      {"v2 ring 16, no comp, contig", v2_ring<16, 3>, 256, 16, 3, false},
+      {"v2 ring 8, contiguous", v2_ring<8, 2>, 256, 8, 2, false},
+      {"v2 ring 16, contiguous", v2_ring<16, 2>, 256, 16, 2, false},
+      {"v2 ring 4, no comp, 16 warps", v2_ring<4, 1>, 512, 4, 1, false},
+      {"v2 ring 4, no comp, contig, 16w", v2_ring<4, 3>, 512, 4, 3, false},
       {"v3 bulk 4 stages, rows", v3_bulk<4, 0>, 256, 0, 0, true, 4 * (64 * 160 + 512)},
       {"v3 bulk 8 stages, rows", v3_bulk<8, 0>, 256, 0, 0, true, 8 * (64 * 160 + 512)},
       {"v3 bulk 12 stages, rows", v3_bulk<12, 0>, 256, 0, 0, true, 12 * (64 * 160 + 512)},
@@ -492,7 +764,8 @@ int main() {
     for (const Version& v : versions) {
       Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan};
       const int warps = v.threads / 32;
-      const size_t smem = v.kernel == v0_stream ? 0
+      const bool stream = v.kernel == v0_stream || v.kernel == v0_stream_deep<8> || v.kernel == v0_stream_deep<16>;
+      const size_t smem = stream ? 0
                                                 : size_t(cs.K) * 2 + size_t(warps) * TILE * 4 +
                                                       size_t(v.ring) * 32 * v.threads +
                                                       size_t(ring_group_slots(v.ring, v.mode)) * 64 * v.threads + (v.ring_bytes ? v.ring_bytes + 512 : 0);
@@ -516,7 +789,7 @@ int main() {
         if (rep > 0) best = std::min(best, (t1 - t0) / 1e3);
       }
       double err = 0;
-      if (v.kernel != v0_stream && v.checked) {
+      if (!stream && v.checked) {
         std::vector<float> y(size_t(cs.S) * cs.N);
         CHECK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
         double scale = 0;
