@@ -26,6 +26,10 @@
 //   v6  v5 with each group's scales fetched one group ahead
 //   v7  v6 with fewer instructions per chunk (one LOP3 per nibble pair,
 //       scales and zeros kept two columns per word)
+//   v8  v6's compute fed by each warp's own ring of bulk copies from a
+//       repacked, swizzled tile-contiguous layout (127 registers; written
+//       at the end of the fourth session and NOT yet run on a GPU: the
+//       session's device time was spent)
 //
 // What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
 // 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
@@ -80,6 +84,7 @@ struct Problem {
   float* y;             // [M][S][N] partials
   int M, K, N, S;
   unsigned long long* span;  // per block: first start, last end (globaltimer)
+  const uint8_t* wrep = nullptr;  // v8: the same weights repacked (repack_for_v8)
 };
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -97,6 +102,18 @@ __device__ __forceinline__ void expand(const uint4 (&s)[2], const uint4 (&z)[2],
     ss[b] = sb | (sb << 16);
     zz[b] = zb | (zb << 16);
   }
+}
+
+// The raw scales and zeros of the lane group's 16 columns at group grp
+// (soff: the matrix's scale offset of the lane group's first column).
+__device__ __forceinline__ void load_group_scales(const Problem& p, size_t soff, int grp, uint4 (&s)[2],
+                                                  uint4 (&z)[2]) {
+  const uint16_t* sp = p.sc + soff + size_t(grp) * p.N;
+  const uint16_t* zp = p.ze + soff + size_t(grp) * p.N;
+  s[0] = kt_ld_weights<1>(sp);
+  s[1] = kt_ld_weights<1>(sp + 8);
+  z[0] = kt_ld_weights<1>(zp);
+  z[1] = kt_ld_weights<1>(zp + 8);
 }
 
 // One chunk (16 rows x the lane's 16 columns at k-pairs t, t+4) into the mma
@@ -358,13 +375,7 @@ __global__ void v6_scales_ahead(Problem p) {
         next_z[0] = next_z[1] = make_uint4(0x41004100u, 0x41004100u, 0x41004100u, 0x41004100u ^ grp);
         return;
       }
-      grp = min(grp, last_group);
-      const uint16_t* sp = p.sc + soff + size_t(grp) * p.N;
-      const uint16_t* zp = p.ze + soff + size_t(grp) * p.N;
-      next_s[0] = kt_ld_weights<1>(sp);
-      next_s[1] = kt_ld_weights<1>(sp + 8);
-      next_z[0] = kt_ld_weights<1>(zp);
-      next_z[1] = kt_ld_weights<1>(zp + 8);
+      load_group_scales(p, soff, min(grp, last_group), next_s, next_z);
     };
     float acc[8][4] = {};
     uint32_t ss[16], zz[16];  // v6: per column, expanded
@@ -633,6 +644,102 @@ __global__ void v3_bulk(Problem p) {
   stamp_span(p, false);
 }
 
+
+// ---- v8: each warp its own ring of bulk copies, from a repacked layout ------------
+// v6's compute (scales a group ahead in registers) fed from shared memory:
+// each warp streams its chunk range with bulk copies (cp.async.bulk, one
+// per stage of SC chunks = SC KB, completion on the stage's mbarrier) NST
+// stages ahead. No registers hold loads in flight and no other warp is
+// waited for: the warp that reads a stage refills it. Bulk copies need
+// each stage contiguous, so the weights are repacked (once, as an upload
+// would): tile-contiguous, [M][tile][K/2 rows][128 bytes], and within each
+// 128-byte row the 16-byte piece of lane group g stored at g ^ (2 (r & 3)),
+// so that the 8 lanes of a shared-memory phase (g in {2i, 2i+1}, t 0..3)
+// read 8 different bank groups.
+__host__ __device__ constexpr int v8_piece(int g, int row) { return g ^ ((row & 3) << 1); }
+
+template <int NST, int SC>
+__global__ void v8_warp_ring(Problem p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint32_t* xs = reinterpret_cast<uint32_t*>(smem);
+  float* red = reinterpret_cast<float*>(smem + p.K * 2);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + p.K * 2 + warps * TILE * 4) + warp * NST;
+  unsigned char* ring = smem + p.K * 2 + warps * TILE * 4 + warps * NST * 8;
+  ring += (128 - (smem_addr(ring) & 127)) & 127;
+  ring += size_t(warp) * NST * SC * 1024;
+  stamp_span(p, true);
+  if (lane == 0) {
+    for (int i = 0; i < NST; ++i) mbar_init(&full[i], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  stage_x(p, xs);  // its __syncthreads also publishes the barriers
+  const int tiles = p.N / TILE, nch = p.K / CHUNK;
+  unsigned fills = 0, uses = 0;  // this warp's stages issued and consumed so far
+  for (int it = blockIdx.x; it < p.M * tiles * p.S; it += gridDim.x) {
+    const int m = it / (tiles * p.S), tile = it / p.S % tiles, split = it % p.S;
+    const int kc0 = split * nch / p.S, kc1 = (split + 1) * nch / p.S;
+    const int c0 = kc0 + (kc1 - kc0) * warp / warps, c1 = kc0 + (kc1 - kc0) * (warp + 1) / warps;
+    const uint8_t* tw = p.wrep + (size_t(m) * tiles + tile) * (p.K / 2) * TILE;  // the tile's row 0
+    const size_t soff = size_t(m) * (p.K / 128) * p.N + tile * TILE + 16 * g;
+    const int nst = (c1 - c0 + SC - 1) / SC;
+    auto issue = [&](int s) {  // lane 0: stage s of this warp's range into the next slot
+      const int cs = c0 + s * SC, n = min(SC, c1 - cs);
+      const unsigned slot = fills++ % NST;
+      mbar_expect(&full[slot], n * 1024);
+      bulk_copy(ring + slot * SC * 1024, tw + size_t(cs) * 1024, n * 1024, &full[slot]);
+    };
+    if (lane == 0)
+      for (int s = 0; s < NST && s < nst; ++s) issue(s);
+    const int last_group = (c1 - 1) / GROUP_CHUNKS;
+    uint4 next_s[2], next_z[2];
+    auto load_scales = [&](int grp) {
+      load_group_scales(p, soff, min(grp, last_group), next_s, next_z);
+    };
+    if (c0 < c1) load_scales(c0 / GROUP_CHUNKS);
+    float acc[8][4] = {};
+    uint32_t ss[16], zz[16];
+    int cur = -1;
+    const int piece = v8_piece(g, t) * 16;  // rows t and t + 4 share it
+    for (int s = 0; s < nst; ++s) {
+      const unsigned k = uses++, slot = k % NST;
+      mbar_wait(&full[slot], (k / NST) & 1);
+      const unsigned char* st = ring + slot * SC * 1024;
+      const int cs = c0 + s * SC, n = min(SC, c1 - cs);
+      for (int i = 0; i < n; ++i) {
+        const int lc = cs + i;
+        if (lc / GROUP_CHUNKS != cur) {
+          cur = lc / GROUP_CHUNKS;
+          expand(next_s, next_z, ss, zz);
+          load_scales(cur + 1);
+        }
+        const uint4 wa = *reinterpret_cast<const uint4*>(st + i * 1024 + t * TILE + piece);
+        const uint4 wb = *reinterpret_cast<const uint4*>(st + i * 1024 + (t + 4) * TILE + piece);
+        chunk_mma(wa, wb, ss, zz, xs, lc, acc);
+      }
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0 && s + NST < nst) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads before the copy's writes
+        issue(s + NST);
+      }
+    }
+    store_partial(p, m, tile, split, acc, red);
+  }
+  stamp_span(p, false);
+}
+
+// The host side of v8's layout, for matrices [M][K/2][N].
+static void repack_for_v8(const uint8_t* src, uint8_t* dst, int M, int K, int N) {
+  const int tiles = N / TILE;
+  for (int m = 0; m < M; ++m)
+    for (int tile = 0; tile < tiles; ++tile)
+      for (int r = 0; r < K / 2; ++r) {
+        const uint8_t* row = src + (size_t(m) * (K / 2) + r) * N + tile * TILE;
+        uint8_t* out = dst + ((size_t(m) * tiles + tile) * (K / 2) + r) * TILE;
+        for (int gg = 0; gg < 8; ++gg) std::memcpy(out + v8_piece(gg, r) * 16, row + gg * 16, 16);
+      }
+}
+
 // ---- host ------------------------------------------------------------------------
 using ktune::bf16_to_float;
 using ktune::float_to_bf16;
@@ -676,6 +783,9 @@ int main() {
   CHECK(cudaMalloc(&dy, size_t(maxM) * 8 * N * 4));
   CHECK(cudaMalloc(&dspan, 2 * 1024 * sizeof(unsigned long long)));
   CHECK(cudaMemcpy(dw, hw.data(), wbytes, cudaMemcpyHostToDevice));
+  uint8_t* dwrep;  // v8's repacked copy, rewritten for each case's shape
+  CHECK(cudaMalloc(&dwrep, wbytes));
+  std::vector<uint8_t> hrep(wbytes);
   CHECK(cudaMemcpy(ds, hs.data(), sbytes, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dz, hz.data(), sbytes, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dx, hx.data(), 4096 * 2, cudaMemcpyHostToDevice));
@@ -701,6 +811,10 @@ int main() {
     int ring_bytes = 0;  // v3: its stages (plus barriers and alignment below)
   };
   const Version versions[] = {
+      {"v8 warp ring 4 x 4 KB", v8_warp_ring<4, 4>, 256, 0, 0, true, 8 * 4 * 4 * 1024 + 8 * 4 * 8},
+      {"v8 warp ring 6 x 4 KB", v8_warp_ring<6, 4>, 256, 0, 0, true, 8 * 6 * 4 * 1024 + 8 * 6 * 8},
+      {"v8 warp ring 3 x 8 KB", v8_warp_ring<3, 8>, 256, 0, 0, true, 8 * 3 * 8 * 1024 + 8 * 3 * 8},
+      {"v8 warp ring 8 x 2 KB", v8_warp_ring<8, 2>, 256, 0, 0, true, 8 * 8 * 2 * 1024 + 8 * 8 * 8},
       {"v7 U2 lean", v6_scales_ahead<2, 0, true>, 256, 0},
       {"v7 U4 lean", v6_scales_ahead<4, 0, true>, 256, 0},
       {"v7 U2 lean, no loads at all", v6_scales_ahead<2, 2, true>, 256, 0, 0, false},
@@ -750,6 +864,8 @@ int main() {
                 (double(cs.M) * cs.K / 2 * cs.N + 2.0 * cs.M * cs.K / 128 * cs.N * 2) / 1e6);
     std::printf("%-28s %10s %10s %8s %10s\n", "version", "span us", "GB/s", "regs", "max err");
     // Host reference for matrix 0 (the same dequant, in double).
+    repack_for_v8(hw.data(), hrep.data(), cs.M, cs.K, cs.N);
+    CHECK(cudaMemcpy(dwrep, hrep.data(), size_t(cs.M) * cs.K / 2 * cs.N, cudaMemcpyHostToDevice));
     std::vector<double> ref(cs.N, 0.0);
     for (int k = 0; k < cs.K; ++k) {
       const double xv = bf16_to_float(hx[k]);
@@ -762,13 +878,14 @@ int main() {
       }
     }
     for (const Version& v : versions) {
-      Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan};
+      Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan, dwrep};
       const int warps = v.threads / 32;
       const bool stream = v.kernel == v0_stream || v.kernel == v0_stream_deep<8> || v.kernel == v0_stream_deep<16>;
       const size_t smem = stream ? 0
                                                 : size_t(cs.K) * 2 + size_t(warps) * TILE * 4 +
                                                       size_t(v.ring) * 32 * v.threads +
-                                                      size_t(ring_group_slots(v.ring, v.mode)) * 64 * v.threads + (v.ring_bytes ? v.ring_bytes + 512 : 0);
+                                                      (v.ring ? size_t(ring_group_slots(v.ring, v.mode)) * 64 * v.threads : 0) +
+                                                      (v.ring_bytes ? v.ring_bytes + 512 : 0);
       CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       cudaFuncAttributes fa;
       CHECK(cudaFuncGetAttributes(&fa, v.kernel));
