@@ -117,22 +117,30 @@ __device__ __forceinline__ void load_group_scales(const Problem& p, size_t soff,
 }
 
 // One chunk (16 rows x the lane's 16 columns at k-pairs t, t+4) into the mma
-// accumulators; B column 0 holds x (bf16), the others zero.
-__device__ __forceinline__ void chunk_mma(const uint4& wa, const uint4& wb, const uint32_t (&ss)[16],
-                                          const uint32_t (&zz)[16], const uint32_t* xs, int lc,
-                                          float (&acc)[8][4]) {
+// accumulators; B column 0 holds x (bf16), the others zero. dequant(word,
+// shifted, byte, column) gives the bf16 pair of that byte of a 4-byte word
+// (shifted = word >> 4) for the lane's column 0..15: the versions differ
+// only there.
+template <class Dequant>
+__device__ __forceinline__ void chunk_mma_with(const uint4& wa, const uint4& wb, const uint32_t* xs, int lc,
+                                               float (&acc)[8][4], Dequant dequant) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   uint32_t b[2] = {g == 0 ? xs[lc * 8 + t] : 0u, g == 0 ? xs[lc * 8 + t + 4] : 0u};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int wi = j >> 1, b0 = (j & 1) * 2;
     const uint32_t A = word_of(wa, wi), B = word_of(wb, wi), As = A >> 4, Bs = B >> 4;
-    uint32_t a[4] = {kt_dequant_pair(kt_nibble_pair(A, As, b0), zz[2 * j], ss[2 * j]),
-                     kt_dequant_pair(kt_nibble_pair(A, As, b0 + 1), zz[2 * j + 1], ss[2 * j + 1]),
-                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0), zz[2 * j], ss[2 * j]),
-                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0 + 1), zz[2 * j + 1], ss[2 * j + 1])};
+    uint32_t a[4] = {dequant(A, As, b0, 2 * j), dequant(A, As, b0 + 1, 2 * j + 1), dequant(B, Bs, b0, 2 * j),
+                     dequant(B, Bs, b0 + 1, 2 * j + 1)};
     kt_mma_bf16(acc[j], a, b);
   }
+}
+__device__ __forceinline__ void chunk_mma(const uint4& wa, const uint4& wb, const uint32_t (&ss)[16],
+                                          const uint32_t (&zz)[16], const uint32_t* xs, int lc,
+                                          float (&acc)[8][4]) {
+  chunk_mma_with(wa, wb, xs, lc, acc, [&](uint32_t w, uint32_t ws, int byte, int col) {
+    return kt_dequant_pair(kt_nibble_pair(w, ws, byte), zz[col], ss[col]);
+  });
 }
 
 // The warp's sums for its 16 columns, written as this split's partial
@@ -337,18 +345,10 @@ __device__ __forceinline__ uint32_t dequant_half(uint32_t pair, uint32_t zr, uin
 __device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
                                                const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
                                                float (&acc)[8][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  uint32_t b[2] = {g == 0 ? xs[lc * 8 + t] : 0u, g == 0 ? xs[lc * 8 + t + 4] : 0u};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int wi = j >> 1, b0 = (j & 1) * 2;
-    const uint32_t A = word_of(wa, wi), B = word_of(wb, wi), As = A >> 4, Bs = B >> 4;
-    uint32_t a[4] = {dequant_half<0>(nibbles_biased(A, As, b0, bias), zr[j], sr[j]),
-                     dequant_half<1>(nibbles_biased(A, As, b0 + 1, bias), zr[j], sr[j]),
-                     dequant_half<0>(nibbles_biased(B, Bs, b0, bias), zr[j], sr[j]),
-                     dequant_half<1>(nibbles_biased(B, Bs, b0 + 1, bias), zr[j], sr[j])};
-    kt_mma_bf16(acc[j], a, b);
-  }
+  chunk_mma_with(wa, wb, xs, lc, acc, [&](uint32_t w, uint32_t ws, int byte, int col) {
+    const uint32_t pair = nibbles_biased(w, ws, byte, bias), z = zr[col / 2], sc = sr[col / 2];
+    return (col & 1) ? dequant_half<1>(pair, z, sc) : dequant_half<0>(pair, z, sc);
+  });
 }
 // LEAN: v7 (above) instead of v6's expanded scales and literal bias.
 // AHEAD false: v5 (each group's scales loaded when the group is entered).
