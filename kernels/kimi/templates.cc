@@ -30,9 +30,9 @@ KnobSpace cuda_mega_space() {
       {"attn", "KT_ATTN", {"fma", "mma"}, "mma",
        "attention scores and weighted sums on fp32 FMAs with warp shuffles, or on bf16 tensor-core mma "
        "(16 heads x 16 cached rows per tile)"},
-      {"pipeline", "KT_PIPELINE", {0, 1}, 0,
+      {"pipeline", "KT_PIPELINE", {0, 1}, 1,
        "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
-      {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "global",
+      {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "ahead",
        "GEMV scales and zeros: loaded by each warp when its group changes (and waited for), copied for the "
        "whole work item into shared memory (cp.async) while the first weights load, or loaded one group "
        "ahead into registers (the first with the first weights)"},

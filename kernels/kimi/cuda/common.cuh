@@ -64,19 +64,43 @@ KT_DEV uint32_t kt_hmul2(uint32_t a, uint32_t b) {
 }
 
 // ---- W4A16 unpacking -----------------------------------------------------
+// kt_dequant_pair (below) with the zero and the scale taken from half h of
+// words that hold two columns' each: the bf16 ops read either half of a
+// register broadcast, so a lane keeps 8 words per group for its 16 columns,
+// not 16 per-column copies of each.
+template <int h>
+KT_DEV uint32_t kt_dequant_half(uint32_t pair, uint32_t zz2, uint32_t ss2);
 // Byte `b` (0..3) of `word` holds rows 2r (low nibble) and 2r+1 (high
 // nibble) of one column. Returns them as packed bf16 (128 + q_lo, 128 + q_hi):
 // 0x4300 is 128.0 in bf16 and its unit in the last place is 1, so OR-ing a
 // nibble into the mantissa adds it exactly. `shifted` is word >> 4.
-KT_DEV uint32_t kt_nibble_pair(uint32_t word, uint32_t shifted, int b) {
+// With `bias` (0x43004300) in a register, the mask-and-bias is one LOP3; with
+// the literal, ptxas emits two (a LOP3 takes one immediate).
+KT_DEV uint32_t kt_nibble_pair(uint32_t word, uint32_t shifted, int b, uint32_t bias = 0x43004300u) {
   uint32_t sel = uint32_t(b) | (uint32_t(b) << 4) | (uint32_t(b + 4) << 8) | (uint32_t(b + 4) << 12);
-  return (__byte_perm(word, shifted, sel) & 0x000f000fu) | 0x43004300u;
+  return (__byte_perm(word, shifted, sel) & 0x000f000fu) | bias;
 }
 
 // Exact dequantization of a nibble pair: ((128+q) - (128+z)) * s, each step
 // rounded to bf16; zz = packed (128+z, 128+z), ss = packed (s, s).
 KT_DEV uint32_t kt_dequant_pair(uint32_t pair, uint32_t zz, uint32_t ss) {
   return kt_hmul2(kt_hsub2(pair, zz), ss);
+}
+
+template <int h>
+KT_DEV uint32_t kt_dequant_half(uint32_t pair, uint32_t zz2, uint32_t ss2) {
+#ifdef KT_EMULATION
+  const uint32_t z = h ? (zz2 >> 16) : (zz2 & 0xffffu), s = h ? (ss2 >> 16) : (ss2 & 0xffffu);
+  return kt_dequant_pair(pair, z | (z << 16), s | (s << 16));
+#else
+  const __nv_bfloat162 p2 = *reinterpret_cast<const __nv_bfloat162*>(&pair);
+  const __nv_bfloat162 z2 = *reinterpret_cast<const __nv_bfloat162*>(&zz2);
+  const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162*>(&ss2);
+  const __nv_bfloat162 zb = h ? __high2bfloat162(z2) : __low2bfloat162(z2);
+  const __nv_bfloat162 sb = h ? __high2bfloat162(s2) : __low2bfloat162(s2);
+  const __nv_bfloat162 r = __hmul2(__hsub2(p2, zb), sb);
+  return *reinterpret_cast<const uint32_t*>(&r);
+#endif
 }
 
 // ---- tensor cores ----------------------------------------------------------

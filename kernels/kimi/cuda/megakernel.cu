@@ -328,39 +328,47 @@ KT_DEV RawScales fetch_scales(const Seg& sg, int grp, int col, bool active) {
   return r;
 }
 
-KT_DEV void expand_scales(const RawScales& r, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
+// A lane's 16 columns' scales and (128 + zero)s as packed words, two columns
+// per word (kt_dequant_half reads either half): ss[i] and zz[i] hold
+// columns 2i and 2i + 1. Zero for an inactive lane.
+KT_DEV void expand_scales(const RawScales& r, bool active, uint32_t (&ss)[8], uint32_t (&zz)[8]) {
 #pragma unroll
-  for (int b = 0; b < 16; ++b) {
-    const uint4& sv = r.s[b / 8];
-    const uint4& zv = r.z[b / 8];
-    uint32_t sw = (b % 8) / 2 == 0 ? sv.x : (b % 8) / 2 == 1 ? sv.y : (b % 8) / 2 == 2 ? sv.z : sv.w;
-    uint32_t zw = (b % 8) / 2 == 0 ? zv.x : (b % 8) / 2 == 1 ? zv.y : (b % 8) / 2 == 2 ? zv.z : zv.w;
-    uint32_t sb = (b & 1) ? (sw >> 16) : (sw & 0xffffu);
-    float zf = kt_bf2f(uint16_t((b & 1) ? (zw >> 16) : (zw & 0xffffu)));
-    uint32_t zb = kt_f2bf(128.0f + zf);
-    ss[b] = active ? (sb | (sb << 16)) : 0u;
-    zz[b] = active ? (zb | (zb << 16)) : 0u;
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t sw = word_of(r.s[i / 4], i % 4), zw = word_of(r.z[i / 4], i % 4);
+    ss[i] = active ? sw : 0u;
+    zz[i] = active ? kt_hsub2(zw, 0xc300c300u) : 0u;  // z - (-128), exact for z in 0..15
   }
 }
 
-KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (&ss)[16], uint32_t (&zz)[16]) {
+// Column b of a lane's 16 (b known at compile time after unrolling).
+KT_DEV uint32_t dequant_col(uint32_t pair, const uint32_t (&ss)[8], const uint32_t (&zz)[8], int b) {
+  return (b & 1) ? kt_dequant_half<1>(pair, zz[b / 2], ss[b / 2]) : kt_dequant_half<0>(pair, zz[b / 2], ss[b / 2]);
+}
+
+KT_DEV void load_scales(const Seg& sg, int grp, int col, bool active, uint32_t (&ss)[8], uint32_t (&zz)[8]) {
   expand_scales(fetch_scales(sg, grp, col, active), active, ss, zz);
 }
 
 // The same from a group's 128 raw scales and zeros in shared memory (lane
 // group g takes columns 16 g .. 16 g + 15).
-KT_DEV void expand_smem_scales(const uint16_t* sc, const uint16_t* ze, int g, bool active, uint32_t (&ss)[16],
-                               uint32_t (&zz)[16]) {
+KT_DEV void expand_smem_scales(const uint16_t* sc, const uint16_t* ze, int g, bool active, uint32_t (&ss)[8],
+                               uint32_t (&zz)[8]) {
   const uint4* sv = reinterpret_cast<const uint4*>(sc + 16 * g);
   const uint4* zv = reinterpret_cast<const uint4*>(ze + 16 * g);
   expand_scales(RawScales{{sv[0], sv[1]}, {zv[0], zv[1]}}, active, ss, zz);
 }
 
+// bf16 (128, 128), read from memory once per segment: in a register it lets
+// kt_nibble_pair's mask-and-bias be one LOP3 instead of two (ptxas folds a
+// literal into the instruction; the GEMV engine's v7 measured it). Written
+// nowhere.
+__device__ uint32_t g_bias_pair = 0x43004300u;
+
 // One 16-row chunk for this warp: wa/wb are the lane's 16 bytes at k-pairs
 // t and t+4 (16 columns), ss/zz its columns' scale and zero pairs, and
 // lc the chunk's index into the staged input x.
-KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)[16], const uint32_t (&zz)[16],
-                          const uint32_t* xh, const uint32_t* xl, int lc, float (&acc)[16],
+KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)[8], const uint32_t (&zz)[8],
+                          uint32_t bias, const uint32_t* xh, const uint32_t* xl, int lc, float (&acc)[16],
                           float (&mma_acc)[8][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #if KT_DEQUANT == 1
@@ -373,10 +381,10 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
     const int wi = j >> 1, b0 = (j & 1) * 2;
     const uint32_t A = word_of(wa, wi), B = word_of(wb, wi);
     const uint32_t As = A >> 4, Bs = B >> 4;
-    uint32_t a[4] = {kt_dequant_pair(kt_nibble_pair(A, As, b0), zz[2 * j], ss[2 * j]),
-                     kt_dequant_pair(kt_nibble_pair(A, As, b0 + 1), zz[2 * j + 1], ss[2 * j + 1]),
-                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0), zz[2 * j], ss[2 * j]),
-                     kt_dequant_pair(kt_nibble_pair(B, Bs, b0 + 1), zz[2 * j + 1], ss[2 * j + 1])};
+    uint32_t a[4] = {kt_dequant_half<0>(kt_nibble_pair(A, As, b0, bias), zz[j], ss[j]),
+                     kt_dequant_half<1>(kt_nibble_pair(A, As, b0 + 1, bias), zz[j], ss[j]),
+                     kt_dequant_half<0>(kt_nibble_pair(B, Bs, b0, bias), zz[j], ss[j]),
+                     kt_dequant_half<1>(kt_nibble_pair(B, Bs, b0 + 1, bias), zz[j], ss[j])};
     kt_mma_bf16(mma_acc[j], a, b);
   }
 #else
@@ -389,8 +397,8 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
 #pragma unroll
   for (int bi = 0; bi < 16; ++bi) {
     const uint32_t A = word_of(wa, bi >> 2), B = word_of(wb, bi >> 2);
-    const uint32_t pa = kt_dequant_pair(kt_nibble_pair(A, A >> 4, bi & 3), zz[bi], ss[bi]);
-    const uint32_t pb = kt_dequant_pair(kt_nibble_pair(B, B >> 4, bi & 3), zz[bi], ss[bi]);
+    const uint32_t pa = dequant_col(kt_nibble_pair(A, A >> 4, bi & 3, bias), ss, zz, bi);
+    const uint32_t pb = dequant_col(kt_nibble_pair(B, B >> 4, bi & 3, bias), ss, zz, bi);
     acc[bi] += xa0 * kt_lo(pa) + xa1 * kt_hi(pa) + xb0 * kt_lo(pb) + xb1 * kt_hi(pb);
   }
 #endif
@@ -426,8 +434,8 @@ KT_DEV void load_batch(const Seg& sg, int l, int l1, uint4 (&wa)[U], uint4 (&wb)
 // xh/xl: the segment's first k-pair of the staged input.
 KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][TILE], const uint32_t* xh,
                           const uint32_t* xl, const uint4 (&wa)[U], const uint4 (&wb)[U], int& cur_group,
-                          RawScales& ahead, uint32_t (&ss)[16], uint32_t (&zz)[16], float (&acc)[16],
-                          float (&mma_acc)[8][4]) {
+                          RawScales& ahead, uint32_t (&ss)[8], uint32_t (&zz)[8], uint32_t bias,
+                          float (&acc)[16], float (&mma_acc)[8][4]) {
   const int g = (threadIdx.x & 31) >> 2, col = sg.n0 + 16 * g;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -449,15 +457,16 @@ KT_DEV void compute_batch(const Seg& sg, int l, int l1, const uint16_t (*gs)[2][
       load_scales(sg, grp, col, col < sg.N, ss, zz);
 #endif
     }
-    chunk_compute(wa[u], wb[u], ss, zz, xh, xl, lc, acc, mma_acc);
+    chunk_compute(wa[u], wb[u], ss, zz, bias, xh, xl, lc, acc, mma_acc);
   }
 }
 
 // Accumulates chunks [l0, l1) of one segment.
 KT_DEV void gemv_segment(const Seg& sg, int l0, int l1, const uint16_t (*gs)[2][TILE], const uint32_t* xh,
                          const uint32_t* xl, float (&acc)[16], float (&mma_acc)[8][4]) {
-  uint32_t ss[16], zz[16];
+  uint32_t ss[8], zz[8];
   int cur_group = -1;
+  const uint32_t bias = g_bias_pair;
 #if KT_SCALES == 2
   // The first group's scales go out with the first weights; each group's
   // expansion then fetches the next one's (see compute_batch).
@@ -472,14 +481,14 @@ KT_DEV void gemv_segment(const Seg& sg, int l0, int l1, const uint16_t (*gs)[2][
   uint4 wa1[U], wb1[U];
   for (int l = l0; l < l1; l += 2 * U) {
     load_batch(sg, l + U, l1, wa1, wb1);
-    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, acc, mma_acc);
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, bias, acc, mma_acc);
     if (l + U >= l1) break;
     load_batch(sg, l + 2 * U, l1, wa0, wb0);
-    compute_batch(sg, l + U, l1, gs, xh, xl, wa1, wb1, cur_group, ahead, ss, zz, acc, mma_acc);
+    compute_batch(sg, l + U, l1, gs, xh, xl, wa1, wb1, cur_group, ahead, ss, zz, bias, acc, mma_acc);
   }
 #else
   for (int l = l0; l < l1; l += U) {
-    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, acc, mma_acc);
+    compute_batch(sg, l, l1, gs, xh, xl, wa0, wb0, cur_group, ahead, ss, zz, bias, acc, mma_acc);
     if (l + U < l1) load_batch(sg, l + U, l1, wa0, wb0);
   }
 #endif
@@ -575,6 +584,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   if (!c.early) stage_prologue(c, p, tile, g0, g1);
   c.early = false;
   const int lane = c.lane, g = lane >> 2, t = lane & 3, sw = (t & 3) << 1;
+  const uint32_t bias = g_bias_pair;
   for (int s = 0; s < n; ++s) {
     kt_cp_async_wait<STAGES - 2>();
     __syncthreads();
@@ -586,12 +596,12 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
     const Stage& st = stages[s % STAGES];
     const Seg sg = p.seg(tile, (g0 + s) / seg_groups);
     for (int j = c.warp; j < STAGE_CHUNKS; j += WARPS) {
-      uint32_t ss[16], zz[16];
+      uint32_t ss[8], zz[8];
       expand_smem_scales(st.sc, st.ze, g, sg.n0 + 16 * g < sg.N, ss, zz);
       const uint8_t* w = st.w + j * 8 * TILE;
       const uint4 wa = *reinterpret_cast<const uint4*>(w + t * TILE + ((g ^ sw) * 16));
       const uint4 wb = *reinterpret_cast<const uint4*>(w + (t + 4) * TILE + ((g ^ sw) * 16));
-      chunk_compute(wa, wb, ss, zz, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, acc, mma_acc);
+      chunk_compute(wa, wb, ss, zz, bias, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, acc, mma_acc);
     }
   }
   __syncthreads();  // the ring is free for the next item (or the attention tiles)
@@ -1043,13 +1053,13 @@ KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
       const int rp = rp0 + br;
       const uint4 wv = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
       const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
-      uint32_t ss[16], zz[16];
+      uint32_t ss[8], zz[8];
       load_scales(sg, (2 * rp) / G, col, true, ss, zz);
       float a0 = 0, a1 = 0;
 #pragma unroll
       for (int b = 0; b < 16; ++b) {
         const uint32_t w = word_of(wv, b >> 2);
-        const uint32_t pr = kt_dequant_pair(kt_nibble_pair(w, w >> 4, b & 3), zz[b], ss[b]);
+        const uint32_t pr = dequant_col(kt_nibble_pair(w, w >> 4, b & 3), ss, zz, b);
         a0 += q[b] * kt_lo(pr);
         a1 += q[b] * kt_hi(pr);
       }

@@ -27,9 +27,7 @@
 //   v7  v6 with fewer instructions per chunk (one LOP3 per nibble pair,
 //       scales and zeros kept two columns per word)
 //   v8  v6's compute fed by each warp's own ring of bulk copies from a
-//       repacked, swizzled tile-contiguous layout (127 registers; written
-//       at the end of the fourth session and NOT yet run on a GPU: the
-//       session's device time was spent)
+//       repacked, swizzled tile-contiguous layout (127 registers)
 //
 // What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
 // 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
@@ -44,7 +42,11 @@
 // - the per-lane cp.async ring stops at ~2.2 TB/s whatever its depth or
 //   layout, even without compute; bulk copies of a repacked layout deliver
 //   3.6 TB/s without compute (v3 is slow only for its consumer: every warp
-//   expands a group's scales for one chunk); L2 prefetches do not help.
+//   expands a group's scales for one chunk); L2 prefetches do not help;
+// - v8 (run 43): correct, but the phase takes 15.9 us at its best ring
+//   shape (3 x 8 KB) against v6's 14.5; only the steady state gains (2.24
+//   against 1.87 TB/s), so the per-warp ring pays for itself only on long
+//   items. The megakernel took v7's dequant instead (runs 44-46).
 //
 // Build and run (sm_90; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
@@ -325,29 +327,13 @@ __device__ __forceinline__ void v5_load(const uint8_t* w, int N, int l, int c1, 
 //   needs 8 HADD2s for its zeros + 128 instead of expanding 32 registers.
 __device__ uint32_t g_bias_pair = 0x43004300u;  // bf16 (128, 128); written nowhere else
 
-__device__ __forceinline__ uint32_t nibbles_biased(uint32_t word, uint32_t shifted, int b, uint32_t bias) {
-  const uint32_t sel = uint32_t(b) | (uint32_t(b) << 4) | (uint32_t(b + 4) << 8) | (uint32_t(b + 4) << 12);
-  return (__byte_perm(word, shifted, sel) & 0x000f000fu) | bias;
-}
-// ((128 + q) - (128 + z)) * s on a nibble pair, z and s taken from half h of
-// their words.
-template <int h>
-__device__ __forceinline__ uint32_t dequant_half(uint32_t pair, uint32_t zr, uint32_t sr) {
-  const __nv_bfloat162 p2 = *reinterpret_cast<const __nv_bfloat162*>(&pair);
-  const __nv_bfloat162 z2 = *reinterpret_cast<const __nv_bfloat162*>(&zr);
-  const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162*>(&sr);
-  const __nv_bfloat162 zb = h ? __high2bfloat162(z2) : __low2bfloat162(z2);
-  const __nv_bfloat162 sb = h ? __high2bfloat162(s2) : __low2bfloat162(s2);
-  const __nv_bfloat162 r = __hmul2(__hsub2(p2, zb), sb);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
 // zr[j] = (128 + z) of the lane's columns 2j, 2j+1; sr[j] their scales.
 __device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
                                                const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
                                                float (&acc)[8][4]) {
   chunk_mma_with(wa, wb, xs, lc, acc, [&](uint32_t w, uint32_t ws, int byte, int col) {
-    const uint32_t pair = nibbles_biased(w, ws, byte, bias), z = zr[col / 2], sc = sr[col / 2];
-    return (col & 1) ? dequant_half<1>(pair, z, sc) : dequant_half<0>(pair, z, sc);
+    const uint32_t pair = kt_nibble_pair(w, ws, byte, bias), z = zr[col / 2], sc = sr[col / 2];
+    return (col & 1) ? kt_dequant_half<1>(pair, z, sc) : kt_dequant_half<0>(pair, z, sc);
   });
 }
 // LEAN: v7 (above) instead of v6's expanded scales and literal bias.
