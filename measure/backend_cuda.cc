@@ -153,48 +153,23 @@ class CudaBackend : public RunnerBackend {
         !check(cudaMemcpy(weights_, lo, span, cudaMemcpyHostToDevice), "uploading the weights", err))
       return false;
     weight_bytes_ = span;
-    KimiDeviceArgs host{};
-    if (!bind_weights(w, &host, err)) return false;
-    auto dev = [&](auto* p) {
-      using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
-      return p ? reinterpret_cast<const T*>(static_cast<uint8_t*>(weights_) + (reinterpret_cast<const uint8_t*>(p) - lo))
-               : nullptr;
-    };
-    auto w4 = [&](const KtW4& q) { return KtW4{dev(q.w_q), dev(q.scales), dev(q.zeros)}; };
+    // The weights' pointers, translated into the device copy; then the
+    // state's device buffers.
     args_ = KimiDeviceArgs{};
+    if (!bind_weights(w, &args_, err, [&](const void* p) -> const void* {
+          return static_cast<const uint8_t*>(weights_) + (static_cast<const uint8_t*>(p) - lo);
+        }))
+      return false;
     for (int i = 0; i < cfg_.layers(); ++i) {
-      const KtLayer& h = host.layers[i];
       KtLayer& d = args_.layers[i];
-      d.attn_norm = dev(h.attn_norm);
-      d.moe_norm = dev(h.moe_norm);
       if (cfg_.is_kda(i)) {
-        d.kda.q = w4(h.kda.q);
-        d.kda.k = w4(h.kda.k);
-        d.kda.v = w4(h.kda.v);
-        d.kda.g = w4(h.kda.g);
-        d.kda.o = w4(h.kda.o);
-        d.kda.beta = dev(h.kda.beta);
-        d.kda.conv_w = dev(h.kda.conv_w);
         if (!alloc(&d.kda.S, size_t(cfg_.kda_heads) * cfg_.kda_head_dim * cfg_.kda_head_dim, err)) return false;
         for (auto& win : d.kda.win)
           if (!alloc(&win, size_t(3) * cfg_.kda_dim(), err)) return false;
-      } else {
-        d.mla.q = w4(h.mla.q);
-        d.mla.kv_a = w4(h.mla.kv_a);
-        d.mla.kv_b = w4(h.mla.kv_b);
-        d.mla.o = w4(h.mla.o);
-        if (!alloc(&d.mla.c_kv, size_t(capacity) * cfg_.kv_lora, err) ||
-            !alloc(&d.mla.k_rope, size_t(capacity) * cfg_.qk_rope, err))
-          return false;
+      } else if (!alloc(&d.mla.c_kv, size_t(capacity) * cfg_.kv_lora, err) ||
+                 !alloc(&d.mla.k_rope, size_t(capacity) * cfg_.qk_rope, err)) {
+        return false;
       }
-      const KtMoeLayer& m = h.moe;
-      d.moe.router = dev(m.router);
-      d.moe.gate = w4(m.gate);
-      d.moe.up = w4(m.up);
-      d.moe.down = w4(m.down);
-      d.moe.s_gate = w4(m.s_gate);
-      d.moe.s_up = w4(m.s_up);
-      d.moe.s_down = w4(m.s_down);
     }
     return alloc(&x_[0], cfg_.hidden, err) && alloc(&x_[1], cfg_.hidden, err) &&
            alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err);

@@ -2,11 +2,9 @@
 
 namespace ktune::measure {
 
-namespace {
-KtW4 w4(const kimi::QLinear& q) { return KtW4{q.w_q, q.scales, q.zeros}; }
-}  // namespace
-
-bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* err) {
+bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* err, const PlaceTensor& place) {
+  auto at = [&](auto* p) { return place && p ? static_cast<decltype(p)>(place(p)) : p; };
+  auto w4 = [&](const kimi::QLinear& q) { return KtW4{at(q.w_q), at(q.scales), at(q.zeros)}; };
   const kimi::KimiConfig& c = w.cfg;
   if (c.layers() > KT_MAX_LAYERS) {
     *err = "the config has " + std::to_string(c.layers()) + " layers; the kernel ABI allows " +
@@ -16,16 +14,16 @@ bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* er
   for (int i = 0; i < c.layers(); ++i) {
     const kimi::LayerWeights& L = w.layers[i];
     KtLayer& o = a->layers[i];
-    o.attn_norm = L.attn_norm;
-    o.moe_norm = L.moe_norm;
+    o.attn_norm = at(L.attn_norm);
+    o.moe_norm = at(L.moe_norm);
     if (c.is_kda(i)) {
       o.kda.q = w4(L.kda.q);
       o.kda.k = w4(L.kda.k);
       o.kda.v = w4(L.kda.v);
       o.kda.g = w4(L.kda.g);
       o.kda.o = w4(L.kda.o);
-      o.kda.beta = L.kda.beta;
-      o.kda.conv_w = L.kda.conv_w;
+      o.kda.beta = at(L.kda.beta);
+      o.kda.conv_w = at(L.kda.conv_w);
     } else {
       o.mla.q = w4(L.mla.q);
       o.mla.kv_a = w4(L.mla.kv_a);
@@ -33,7 +31,7 @@ bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* er
       o.mla.o = w4(L.mla.o);
     }
     const kimi::MoeWeights& m = L.moe;
-    o.moe.router = m.router;
+    o.moe.router = at(m.router);
     o.moe.gate = w4(m.gate);
     o.moe.up = w4(m.up);
     o.moe.down = w4(m.down);

@@ -1,8 +1,9 @@
 // Filling a KimiDeviceArgs (kernels/kimi/cuda/abi.h) from host memory: the
 // weights' tensors and a KimiState's buffers. Host variants and the CPU
 // emulator of CUDA variants take these pointers directly; the CUDA backend
-// uses the same layout walk to place its device copies.
+// passes `place`, which maps each host tensor to its device copy.
 #pragma once
+#include <functional>
 #include <string>
 
 #include "kernels/kimi/cuda/abi.h"
@@ -11,9 +12,12 @@
 
 namespace ktune::measure {
 
-// Weights into `a` (state pointers untouched). False if the config has more
-// layers than the ABI allows.
-bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* err);
+// Where a host tensor's bytes are for the kernel (the identity when empty).
+using PlaceTensor = std::function<const void*(const void*)>;
+
+// Weights into `a` (state pointers untouched), each pointer through `place`.
+// False if the config has more layers than the ABI allows.
+bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* err, const PlaceTensor& place = {});
 // State buffers of `st` into `a` (S, conv windows, caches; context).
 void bind_state(const kimi::KimiConfig& cfg, kimi::KimiState* st, KimiDeviceArgs* a);
 
