@@ -137,6 +137,8 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"dequant", "fma"}, {"stages", 0}, {"unroll", 1}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"stages", 2}, {"barrier", "counter"}, {"attn_heads", 32}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"attn", "mma"}, {"attn_heads", 16}});
+  golden_through_emu("kimi-top8.safetensors", {{"attn_rows", 32}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 128}, {"attn_heads", 32}, {"attn_rows", 32}});
   setenv("KTUNE_EMU_SMS", "5", 1);
   golden_through_emu("kimi-top8.safetensors",
                      {{"threads", 512}, {"unroll", 8}, {"waves", 4}, {"attn_heads", 4}, {"load_hint", "plain"},
@@ -144,6 +146,7 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 2}, {"stages", 6}, {"barrier", "counter"}});
   golden_through_emu("kimi-top8.safetensors", {{"early", 0}, {"barrier", "atomic"}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn", "mma"}, {"attn_heads", 4}, {"stages", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn_heads", 4}, {"attn_rows", 32}});
   golden_through_emu("kimi-top8.safetensors", {{"attn", "mma"}, {"blocks_per_sm", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 4}, {"scales", "smem"}, {"unroll", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"sched", "dynamic"}, {"waves", 4}, {"lead", 1}});

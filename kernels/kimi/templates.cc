@@ -30,6 +30,9 @@ KnobSpace cuda_mega_space() {
       {"attn", "KT_ATTN", {"fma", "mma"}, "mma",
        "attention scores and weighted sums on fp32 FMAs with warp shuffles, or on bf16 tensor-core mma "
        "(16 heads x 16 cached rows per tile)"},
+      {"attn_rows", "KT_ATTN_ROWS", {16, 32}, 16,
+       "mma attention: cached rows per shared-memory tile (two block barriers and one exchange of partial "
+       "scores per tile)"},
       {"pipeline", "KT_PIPELINE", {0, 1}, 1,
        "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
       {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "ahead",
@@ -58,6 +61,11 @@ KnobSpace cuda_mega_space() {
     // The fma attention gives each warp at most 4 of an item's heads (registers).
     if (p["attn"].get<std::string>() == "fma" && p["attn_heads"].get<int>() > 4 * (p["threads"].get<int>() / 32)) {
       *why = "attn_heads exceeds 4 heads per warp";
+      return false;
+    }
+    // Three 32-row tiles and their scores need ~136 KB of shared memory; two blocks do not fit on an SM.
+    if (p["attn"].get<std::string>() == "mma" && p["attn_rows"].get<int>() == 32 && p["blocks_per_sm"].get<int>() > 1) {
+      *why = "attn_rows 32 needs blocks_per_sm 1 (shared memory)";
       return false;
     }
     return true;

@@ -5,14 +5,16 @@
 // costs about one mma per head. Included by megakernel.cu inside namespace
 // mk; the shared-memory layout (AttMma) is there, for kPipeBytes.
 //
-// The block streams its chunk in tiles of ATT_ROWS (16) rows, AM_STAGES deep
-// (cp.async). Per tile, three steps:
+// The block streams its chunk in tiles of AM_ROWS (16 or 32) rows, AM_STAGES
+// deep (cp.async); a tile is AM_SUB steps of 16 rows in the mmas below, and
+// the fixed costs of a tile (two block barriers, the exchange of partial
+// scores) are paid once for all of them. Per tile, three steps:
 //  1. scores S^T[h, t] (M = 16 heads, N = 8 rows, K = dims): warp w < AM_WD
 //     takes latent dims [w AM_DW, (w + 1) AM_DW), warps 0..3 one 16-dim rope
 //     step each; queries stay in registers as bf16 hi + lo fragments (two
 //     mmas: 16 significant bits instead of bf16's 8), B fragments come from
 //     the padded rows by ldmatrix. Each warp writes its partial scores.
-//  2. 16 threads per head sum the partials, update the head's running max
+//  2. AM_ROWS threads per head sum the partials, update the head's running max
 //     and sum, and write p = exp(s - m) (bf16 hi + lo again) and the head's
 //     rescale factor exp(m_old - m).
 //  3. O[h, dims] = O * rescale + P[h, rows] c_kv[rows, dims] for the warp's
@@ -29,9 +31,10 @@ constexpr int AM_KS = AM_DW / 16;                       // latent 16-dim steps p
 constexpr int AM_MT = AM_HP / 16;                       // m16 head tiles per pass
 constexpr int AM_PASSES = (HG + AM_HP - 1) / AM_HP;     // passes over a chunk per item
 constexpr int AM_RKS = ROPE / 16;                       // rope steps: warp w < AM_RKS takes step w
-constexpr int AM_PAIRS = AM_HP * ATT_ROWS;              // (head, row) pairs of a tile's softmax
+constexpr int AM_SUB = AM_ROWS / 16;                    // 16-row mma steps per tile
+constexpr int AM_PAIRS = AM_HP * AM_ROWS;               // (head, row) pairs of a tile's softmax
 constexpr int AM_SLOTS = (AM_PAIRS + THREADS - 1) / THREADS;
-static_assert(ATT_ROWS == 16 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
+static_assert(AM_ROWS % 16 == 0 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
 
 // A query fragment (16 heads x 16 dims) as bf16 hi + lo parts.
 struct AmFrag {
@@ -66,10 +69,11 @@ KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int 
   }
 }
 
-// Step 2's pair e: row e % 16 of a head, a half-warp per head, the two
-// halves of a warp two heads apart (their partial-score reads then hit
-// distinct banks).
+// Step 2's pair e: row e % AM_ROWS of a head. With 16 rows a half-warp per
+// head, the two halves of a warp two heads apart (their partial-score reads
+// then hit distinct banks); with 32 a warp per head.
 KT_DEV int am_head(int e) {
+  if (AM_ROWS == 32) return e >> 5;
   const int hq = e >> 4;
   return (hq & ~3) | ((hq & 1) << 1) | ((hq >> 1) & 1);
 }
@@ -82,14 +86,14 @@ KT_DEV void am_softmax(Ctx& c, AttMma& A, int rows_here, float (&m)[AM_SLOTS], f
   for (int j = 0; j < AM_SLOTS; ++j) {
     const int e = j * THREADS + c.tid;
     if (e >= AM_PAIRS) break;  // whole warps
-    const int h = am_head(e), r = e & 15;
+    const int h = am_head(e), r = e & (AM_ROWS - 1);
     float s = 0;
 #pragma unroll
     for (int w = 0; w < AM_WD; ++w) s += A.part[w][h][r];
     if (r >= rows_here) s = -INFINITY;
     float mx = s;
 #pragma unroll
-    for (int k = 8; k >= 1; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+    for (int k = AM_ROWS / 2; k >= 1; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
     const float mn = fmaxf(m[j], mx), corr = expf(m[j] - mn), p = expf(s - mn);
     l[j] = l[j] * corr + p;
     m[j] = mn;
@@ -116,17 +120,22 @@ struct AmLanes {
 KT_DEV void am_scores(const AttMmaTile& T, AttMma& A, int w, int lane, const AmLanes& al,
                       const AmFrag (&q)[AM_MT][AM_KS], const AmFrag (&qr)[AM_MT][1]) {
   const int g = lane >> 2, t = lane & 3;
-  float sc[AM_MT][2][4] = {};
 #pragma unroll
-  for (int ks = 0; ks < AM_KS; ++ks) am_score_step(&T.c[al.srow][w * AM_DW + 16 * ks + al.scol], q, ks, sc);
-  if (w < AM_RKS) am_score_step(&T.k[al.srow][16 * w + al.scol], qr, 0, sc);
+  for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15
+    float sc[AM_MT][2][4] = {};
+    const int row = 16 * sb + al.srow;
 #pragma unroll
-  for (int mt = 0; mt < AM_MT; ++mt)
+    for (int ks = 0; ks < AM_KS; ++ks) am_score_step(&T.c[row][w * AM_DW + 16 * ks + al.scol], q, ks, sc);
+    if (w < AM_RKS) am_score_step(&T.k[row][16 * w + al.scol], qr, 0, sc);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      *reinterpret_cast<float2*>(&A.part[w][16 * mt + g][8 * j + 2 * t]) = float2{sc[mt][j][0], sc[mt][j][1]};
-      *reinterpret_cast<float2*>(&A.part[w][16 * mt + g + 8][8 * j + 2 * t]) = float2{sc[mt][j][2], sc[mt][j][3]};
-    }
+    for (int mt = 0; mt < AM_MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 16 * sb + 8 * j + 2 * t;
+        *reinterpret_cast<float2*>(&A.part[w][16 * mt + g][r]) = float2{sc[mt][j][0], sc[mt][j][1]};
+        *reinterpret_cast<float2*>(&A.part[w][16 * mt + g + 8][r]) = float2{sc[mt][j][2], sc[mt][j][3]};
+      }
+  }
 }
 
 // Step 3 for warp w < AM_WD: o = o * rescale + P . T's rows, its dims.
@@ -135,26 +144,29 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
   const int g = lane >> 2;
 #pragma unroll
   for (int mt = 0; mt < AM_MT; ++mt) {
-    uint32_t ph[4], pl[4];
-    kt_ldmatrix_x4<false>(ph, &A.p[0][16 * mt + al.prow][al.pcol]);
-    kt_ldmatrix_x4<false>(pl, &A.p[1][16 * mt + al.prow][al.pcol]);
     const float c0 = A.corr[16 * mt + g], c1 = A.corr[16 * mt + g + 8];
 #pragma unroll
-    for (int np = 0; np < AM_DW / 16; ++np) {
-      uint32_t b[4];
-      kt_ldmatrix_x4<true>(b, &T.c[al.prow][w * AM_DW + 16 * np + al.pcol]);
-      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    for (int n = 0; n < AM_DW / 8; ++n) {
+      o[mt][n][0] *= c0;
+      o[mt][n][1] *= c0;
+      o[mt][n][2] *= c1;
+      o[mt][n][3] *= c1;
+    }
 #pragma unroll
-      for (int n = 2 * np; n < 2 * np + 2; ++n) {
-        o[mt][n][0] *= c0;
-        o[mt][n][1] *= c0;
-        o[mt][n][2] *= c1;
-        o[mt][n][3] *= c1;
+    for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15 as the mma's k
+      uint32_t ph[4], pl[4];
+      kt_ldmatrix_x4<false>(ph, &A.p[0][16 * mt + al.prow][16 * sb + al.pcol]);
+      kt_ldmatrix_x4<false>(pl, &A.p[1][16 * mt + al.prow][16 * sb + al.pcol]);
+#pragma unroll
+      for (int np = 0; np < AM_DW / 16; ++np) {
+        uint32_t b[4];
+        kt_ldmatrix_x4<true>(b, &T.c[16 * sb + al.prow][w * AM_DW + 16 * np + al.pcol]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        kt_mma_bf16(o[mt][2 * np], ph, b0);
+        kt_mma_bf16(o[mt][2 * np + 1], ph, b1);
+        kt_mma_bf16(o[mt][2 * np], pl, b0);
+        kt_mma_bf16(o[mt][2 * np + 1], pl, b1);
       }
-      kt_mma_bf16(o[mt][2 * np], ph, b0);
-      kt_mma_bf16(o[mt][2 * np + 1], ph, b1);
-      kt_mma_bf16(o[mt][2 * np], pl, b0);
-      kt_mma_bf16(o[mt][2 * np + 1], pl, b1);
     }
   }
 }
@@ -169,9 +181,9 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     const int ps = it % AM_PASSES, hg = it / AM_PASSES / nch, ch = it / AM_PASSES % nch;
     const int h0 = hg * HG + ps * AM_HP, nh = imin(AM_HP, HG - ps * AM_HP);
     const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
-    const int ntiles = (r1 - r0 + ATT_ROWS - 1) / ATT_ROWS;
+    const int ntiles = (r1 - r0 + AM_ROWS - 1) / AM_ROWS;
     auto issue = [&](int s) {
-      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], L, r0 + s * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS));
+      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], L, r0 + s * AM_ROWS, imin(AM_ROWS, r1 - r0 - s * AM_ROWS));
       kt_cp_async_commit();
     };
     for (int s = 0; s < AM_STAGES; ++s) issue(s);
@@ -205,7 +217,7 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     __syncthreads();
     if (dims) am_scores(A.tile[0], A, w, lane, al, q, qr);
     __syncthreads();
-    am_softmax(c, A, imin(ATT_ROWS, r1 - r0), m, l);
+    am_softmax(c, A, imin(AM_ROWS, r1 - r0), m, l);
     for (int s = 0; s < ntiles; ++s) {
       kt_cp_async_wait<AM_STAGES - 2>();
       __syncthreads();  // tile s + 1 is in, tile s's probabilities are out
@@ -215,15 +227,15 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
       }
       __syncthreads();  // tile s is used up, tile s + 1's partial scores are in
       issue(s + AM_STAGES);
-      if (s + 1 < ntiles) am_softmax(c, A, imin(ATT_ROWS, r1 - r0 - (s + 1) * ATT_ROWS), m, l);
+      if (s + 1 < ntiles) am_softmax(c, A, imin(AM_ROWS, r1 - r0 - (s + 1) * AM_ROWS), m, l);
     }
 #pragma unroll
     for (int j = 0; j < AM_SLOTS; ++j) {
       const int e = j * THREADS + c.tid, h = am_head(e);
       if (e >= AM_PAIRS) break;  // whole warps
 #pragma unroll
-      for (int k = 8; k >= 1; k >>= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], k);
-      if ((e & 15) == 0 && h < nh) {
+      for (int k = AM_ROWS / 2; k >= 1; k >>= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], k);
+      if ((e & (AM_ROWS - 1)) == 0 && h < nh) {
         c.s->attn_m[ch * MH + h0 + h] = m[j];
         c.s->attn_l[ch * MH + h0 + h] = l[j];
       }

@@ -42,6 +42,7 @@
 // group waits), KT_ATTN (1: attention on
 // tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
 // of every phase into args.trace, for `ktune bench`'s per-phase table),
+// KT_ATTN_ROWS (cached rows per tile of the mma attention, 16 or 32),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
@@ -74,6 +75,7 @@ static_assert(R % 64 == 0 && MH % HG == 0, "latent dims");
 static_assert(E <= 64 * 4, "experts");
 static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
+static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -121,20 +123,21 @@ struct alignas(16) AttTile {
 // rows padded by 16 bytes, partial scores of AM_WD warps, probabilities as
 // bf16 hi + lo, rescale factors. AM_HP heads per pass over a chunk: 32 only
 // where two m16 tiles' accumulators and queries (2 AM_DW registers) fit.
-constexpr int AM_STAGES = KT_BLOCKS_PER_SM == 1 ? 4 : 2;
+constexpr int AM_ROWS = KT_ATTN_ROWS;  // cached rows per tile (16 or 32: two m16n8k16 row steps)
+constexpr int AM_STAGES = KT_BLOCKS_PER_SM == 1 ? (AM_ROWS == 16 ? 4 : 3) : 2;
 constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
 constexpr int AM_WD = WARPS < R / 16 && WARPS <= AM_WMAX ? WARPS : R / 16 < AM_WMAX ? R / 16 : AM_WMAX;
 constexpr int AM_DW = R / AM_WD;
 constexpr int kRegBudget = 65536 / (THREADS * KT_BLOCKS_PER_SM) < 255 ? 65536 / (THREADS * KT_BLOCKS_PER_SM) : 255;
 constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
 struct alignas(16) AttMmaTile {
-  uint16_t c[ATT_ROWS][R + 8];
-  uint16_t k[ATT_ROWS][ROPE + 8];
+  uint16_t c[AM_ROWS][R + 8];
+  uint16_t k[AM_ROWS][ROPE + 8];
 };
 struct alignas(16) AttMma {
   AttMmaTile tile[AM_STAGES];
-  float part[AM_WD][AM_HP][ATT_ROWS + 8];
-  uint16_t p[2][AM_HP][ATT_ROWS + 8];
+  float part[AM_WD][AM_HP][AM_ROWS + 8];
+  uint16_t p[2][AM_HP][AM_ROWS + 8];
   float corr[AM_HP];
 };
 constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0), int(sizeof(AttTile)) * ATT_STAGES),
@@ -1101,7 +1104,8 @@ KT_DEV int lane_dim(int lane, int d) { return (d / PIECE) * 32 * PIECE + lane * 
 template <class Tile>  // AttTile, or AttMmaTile (rows padded)
 KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const KtMlaLayer& L, int t0, int rows) {
   constexpr int CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
-  for (int i = c.tid; i < ATT_ROWS * (CP + KP); i += THREADS) {
+  constexpr int TILE_ROWS = int(sizeof(tile.c) / sizeof(tile.c[0]));
+  for (int i = c.tid; i < TILE_ROWS * (CP + KP); i += THREADS) {
     const int r = i / (CP + KP), q = i % (CP + KP);
     const bool valid = r < rows;
     if (q < CP) kt_cp_async16(&tile.c[r][q * 8], valid ? L.c_kv + size_t(t0 + r) * R + q * 8 : L.c_kv, valid);
