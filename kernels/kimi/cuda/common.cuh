@@ -64,12 +64,6 @@ KT_DEV uint32_t kt_hmul2(uint32_t a, uint32_t b) {
 }
 
 // ---- W4A16 unpacking -----------------------------------------------------
-// kt_dequant_pair (below) with the zero and the scale taken from half h of
-// words that hold two columns' each: the bf16 ops read either half of a
-// register broadcast, so a lane keeps 8 words per group for its 16 columns,
-// not 16 per-column copies of each.
-template <int h>
-KT_DEV uint32_t kt_dequant_half(uint32_t pair, uint32_t zz2, uint32_t ss2);
 // Byte `b` (0..3) of `word` holds rows 2r (low nibble) and 2r+1 (high
 // nibble) of one column. Returns them as packed bf16 (128 + q_lo, 128 + q_hi):
 // 0x4300 is 128.0 in bf16 and its unit in the last place is 1, so OR-ing a
@@ -87,6 +81,10 @@ KT_DEV uint32_t kt_dequant_pair(uint32_t pair, uint32_t zz, uint32_t ss) {
   return kt_hmul2(kt_hsub2(pair, zz), ss);
 }
 
+// The same with the zero and the scale taken from half h of words that hold
+// two columns' each: the bf16 ops read either half of a register broadcast,
+// so a lane keeps 8 words per group for its 16 columns, not 16 per-column
+// copies of each.
 template <int h>
 KT_DEV uint32_t kt_dequant_half(uint32_t pair, uint32_t zz2, uint32_t ss2) {
 #ifdef KT_EMULATION

@@ -384,10 +384,10 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
     const int wi = j >> 1, b0 = (j & 1) * 2;
     const uint32_t A = word_of(wa, wi), B = word_of(wb, wi);
     const uint32_t As = A >> 4, Bs = B >> 4;
-    uint32_t a[4] = {kt_dequant_half<0>(kt_nibble_pair(A, As, b0, bias), zz[j], ss[j]),
-                     kt_dequant_half<1>(kt_nibble_pair(A, As, b0 + 1, bias), zz[j], ss[j]),
-                     kt_dequant_half<0>(kt_nibble_pair(B, Bs, b0, bias), zz[j], ss[j]),
-                     kt_dequant_half<1>(kt_nibble_pair(B, Bs, b0 + 1, bias), zz[j], ss[j])};
+    uint32_t a[4] = {dequant_col(kt_nibble_pair(A, As, b0, bias), ss, zz, 2 * j),
+                     dequant_col(kt_nibble_pair(A, As, b0 + 1, bias), ss, zz, 2 * j + 1),
+                     dequant_col(kt_nibble_pair(B, Bs, b0, bias), ss, zz, 2 * j),
+                     dequant_col(kt_nibble_pair(B, Bs, b0 + 1, bias), ss, zz, 2 * j + 1)};
     kt_mma_bf16(mma_acc[j], a, b);
   }
 #else
