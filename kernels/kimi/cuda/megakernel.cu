@@ -368,8 +368,9 @@ KT_DEV void expand_smem_scales(const uint16_t* sc, const uint16_t* ze, int g, bo
 __device__ uint32_t g_bias_pair = 0x43004300u;
 
 // One 16-row chunk for this warp: wa/wb are the lane's 16 bytes at k-pairs
-// t and t+4 (16 columns), ss/zz its columns' scale and zero pairs, and
-// lc the chunk's index into the staged input x.
+// t and t+4 (16 columns), ss/zz its columns' scales and (128 + zero)s two
+// columns per word (expand_scales), and lc the chunk's index into the
+// staged input x.
 KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)[8], const uint32_t (&zz)[8],
                           uint32_t bias, const uint32_t* xh, const uint32_t* xl, int lc, float (&acc)[16],
                           float (&mma_acc)[8][4]) {
