@@ -313,6 +313,14 @@ bool looks_secret(const std::string& name) {
   return false;
 }
 
+// A profiler's injection settings (ncu, nsys): a runner that gets only some
+// of them, say LD_PRELOAD without the launch token, crashes at start.
+bool profiler_variable(const std::string& name) {
+  for (const char* prefix : {"KTUNE_NO_CUPTI", "LD_PRELOAD", "CUDA_INJECTION", "NVTX_INJECTION", "NV_", "NSYS_", "NCU_"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 std::string ProcessResult::describe() const {
@@ -418,6 +426,14 @@ std::map<std::string, std::string> clean_env(const std::string& workdir,
     if (const char* value = std::getenv(name)) env[name] = value;
   for (const auto& [name, value] : extra) env[name] = value;
   std::erase_if(env, [](const auto& entry) { return looks_secret(entry.first); });
+  // Under a profiler (KTUNE_NO_CUPTI set, README) the children must see its
+  // settings, a launch token among them, so these skip the secret filter.
+  if (const char* off = std::getenv("KTUNE_NO_CUPTI"); off && *off && std::string(off) != "0")
+    for (char** entry = environ; *entry; ++entry) {
+      const std::string text = *entry;
+      const size_t eq = text.find('=');
+      if (eq != std::string::npos && profiler_variable(text.substr(0, eq))) env.emplace(text.substr(0, eq), text.substr(eq + 1));
+    }
   return env;
 }
 

@@ -55,8 +55,10 @@ bool run_process(const ProcessSpec& spec, ProcessResult* result, std::string* er
 // CUDA_VISIBLE_DEVICES, LD_LIBRARY_PATH, NVIDIA_*, ...). Variables whose
 // names look secret (*KEY*, *TOKEN*, *SECRET*, *PASSWORD*, *CREDENTIAL*) are
 // never copied, whatever `extra` asks for. Nothing else of ktune's
-// environment is passed on (no proxies, no API settings). `extra` overrides
-// the defaults; `workdir` should be absolute.
+// environment is passed on (no proxies, no API settings), except under a
+// profiler: with KTUNE_NO_CUPTI set, its injection settings (LD_PRELOAD,
+// CUDA_INJECTION*, NV_*, NSYS_*, NCU_*) and KTUNE_NO_CUPTI itself go on too.
+// `extra` overrides the defaults; `workdir` should be absolute.
 std::map<std::string, std::string> clean_env(const std::string& workdir,
                                              const std::map<std::string, std::string>& extra = {});
 

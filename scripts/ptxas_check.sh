@@ -13,7 +13,7 @@ declare -A d=(
   [KT_ROPE_THETA]=10000.0 [KT_SCALING]=2.446 [KT_EPS]=1e-06
   [KT_THREADS]=256 [KT_BLOCKS_PER_SM]=1 [KT_BARRIER]=2 [KT_DEQUANT]=1 [KT_UNROLL]=2 [KT_LOAD_HINT]=1
   [KT_PREFETCH]=0 [KT_ATTN_HEADS]=16 [KT_ATTN]=1 [KT_WAVES]=1 [KT_STAGES]=0 [KT_EARLY]=1 [KT_PIPELINE]=1
-  [KT_SCALES]=2 [KT_PROFILE]=0 [KT_SCHED]=0 [KT_LEAD]=1 [KT_ATTN_ROWS]=16)
+  [KT_SCALES]=2 [KT_PROFILE]=0 [KT_SCHED]=0 [KT_LEAD]=1 [KT_ATTN_ROWS]=16 [KT_GEMV_CODE]=1 [KT_SPLIT_COST]=1 [KT_CACHE_HINT]=1 [KT_HANDOFF]=1)
 for kv in "$@"; do d[${kv%%=*}]=${kv#*=}; done
 args=()
 for k in "${!d[@]}"; do args+=("-D$k=${d[$k]}"); done

@@ -125,6 +125,27 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-tiny (mma)") {
   golden_through_emu("kimi-tiny.safetensors", {{"threads", 128}});
 }
 
+TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer knobs' other values") {
+  // The defaults (one shared GEMV loop, k-splits priced per block, the
+  // cache marked evict-first) run in every other case; here the
+  // alternatives: each phase's own inlined loop, splits in equal rounds,
+  // plain cache loads, and the acquire-release hand-off (items whose k range
+  // crosses segments add each segment's sums into the warp's row).
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"gemv_code", "inline"}, {"split_cost", "rounds"}, {"cache_hint", "plain"}});
+  golden_through_emu("kimi-top8.safetensors", {{"handoff", "acq_rel"}, {"threads", 128}, {"dequant", "fma"},
+                                               {"scales", "smem"}, {"unroll", 4}});
+}
+
+TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with k-splits priced per block") {
+  // 16 blocks: the MoE's row items and shared-expert splits fill the first
+  // wave, and the routed tiles' split changes with the model.
+  setenv("KTUNE_EMU_SMS", "16", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 1}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"lead", 0}, {"waves", 2}, {"handoff", "acq_rel"}});
+}
+
 TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   // Odd SM counts exercise uneven splits, several attention chunks and
   // tiles finished by another block than the one that started them.

@@ -274,6 +274,26 @@ TEST_CASE("clean_env passes on no secrets and little else") {
     CHECK_MESSAGE(printed.find(secret) == std::string::npos, secret);
 }
 
+TEST_CASE("clean_env passes a profiler's settings on only under KTUNE_NO_CUPTI") {
+  TempDir dir;
+  ScopedEnv preload("LD_PRELOAD", "/opt/ncu/libInjection.so");
+  ScopedEnv launch("NV_TPS_LAUNCH_TOKEN", "t1");
+  ScopedEnv injection("CUDA_INJECTION64_PATH", "/opt/ncu/inj.so");
+  ScopedEnv secret("MY_TOKEN", "tok");
+  {
+    auto env = clean_env(dir.path);
+    for (const char* absent : {"LD_PRELOAD", "NV_TPS_LAUNCH_TOKEN", "CUDA_INJECTION64_PATH", "KTUNE_NO_CUPTI"})
+      CHECK_MESSAGE(env.count(absent) == 0, absent);
+  }
+  ScopedEnv off("KTUNE_NO_CUPTI", "1");
+  auto env = clean_env(dir.path, {{"LD_PRELOAD", "/from/extra.so"}});
+  CHECK(env.at("KTUNE_NO_CUPTI") == "1");
+  CHECK(env.at("NV_TPS_LAUNCH_TOKEN") == "t1");
+  CHECK(env.at("CUDA_INJECTION64_PATH") == "/opt/ncu/inj.so");
+  CHECK(env.at("LD_PRELOAD") == "/from/extra.so");  // extra still wins
+  CHECK(env.count("MY_TOKEN") == 0);                // other secrets still stay behind
+}
+
 TEST_CASE("LineChild round-trips lines with cat, a multi-megabyte one too") {
   TempDir dir;
   LineChild child;

@@ -51,6 +51,18 @@ KnobSpace cuda_mega_space() {
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
+      {"gemv_code", "KT_GEMV_CODE", {"inline", "shared"}, "shared",
+       "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
+       "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment)"},
+      {"split_cost", "KT_SPLIT_COST", {"rounds", "blocks"}, "blocks",
+       "how a phase's k-split is chosen: rounds of equal items x an item's cost, or each block's items "
+       "summed with row items and lead tiles at their own smaller cost"},
+      {"cache_hint", "KT_CACHE_HINT", {"plain", "evict_first"}, "evict_first",
+       "attention: the latent cache rows loaded plainly (they may stay in L2 for the next step), or marked "
+       "first to evict from L2 (the router's rows and the KDA state stay instead)"},
+      {"handoff", "KT_HANDOFF", {"fence", "acq_rel"}, "acq_rel",
+       "a k-split item's partial sums and the router's logits: published by a fence and an atomic, or by "
+       "one release (acquire-release) atomic after the block barrier"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   s.constraint = [](const json& p, std::string* why) {

@@ -230,6 +230,20 @@ KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 #endif
 }
+// The same, with the line marked first to evict from L2: for data read once
+// per step (the MLA cache), so that it does not push out what the next phases
+// and the next step read again (the router's rows, the KDA state).
+KT_DEV void kt_cp_async16_evict_first(void* smem, const void* gmem, bool valid) {
+#ifdef KT_EMULATION
+  kt_cp_async16(smem, gmem, valid);
+#else
+  unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
+               "r"(valid ? 16 : 0), "l"(policy));
+#endif
+}
 KT_DEV void kt_cp_async_commit() {
 #ifndef KT_EMULATION
   asm volatile("cp.async.commit_group;\n" ::);
@@ -258,6 +272,19 @@ KT_DEV void kt_red_release_add(unsigned* p, unsigned v) {
   *p += v;
 #else
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
+// An atomic add with acquire-release order at GPU scope: after a block
+// barrier, one thread's release also publishes what the block's other
+// threads wrote before it (cumulativity), without a full fence.
+KT_DEV int kt_atom_add_acq_rel(int* p, int v) {
+#ifdef KT_EMULATION
+  return atomicAdd(p, v);
+#else
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 #endif
 }
 

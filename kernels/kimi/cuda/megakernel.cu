@@ -46,7 +46,13 @@
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
-// cut to fill the first wave; ItemMap).
+// cut to fill the first wave; ItemMap), KT_GEMV_CODE (1: one out-of-line
+// copy of the register path's loop for every phase; gemv_segment_shared),
+// KT_SPLIT_COST (how split_for prices a phase's small extra items),
+// KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
+// from L2), KT_HANDOFF (a k-split's partial sums, and the router's logits,
+// published by a fence and an atomic, or by one release / acquire-release
+// atomic).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -517,7 +523,31 @@ KT_DEV void stage_scales(Ctx& c, const P& p, int tile, int kc0, int kc1) {
   kt_cp_async_commit();
 }
 
+KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[16]);
+
+// KT_GEMV_CODE 1: every phase's register-path GEMV runs this one out-of-line
+// copy of the loop, which adds the segment's sums to the warp's row of
+// c.sm->red (lanes t == 0 hold columns 16 g .. 16 g + 15). Inlined, each
+// phase has its own copy (~2,000 instructions each); ncu found warps of the
+// phases that run once per layer waiting on instruction fetch (RESULTS, run 56).
+__device__ __noinline__ void gemv_segment_shared(Seg sg, int l0, int l1, const uint16_t (*gs)[2][TILE],
+                                                 const uint32_t* xh, const uint32_t* xl, float* red_row) {
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  gemv_segment(sg, l0, l1, gs, xh, xl, acc, mma_acc);
+  gemv_finish(acc, mma_acc, out);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if (t == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) red_row[16 * g + b] += out[b];
+  }
+}
+
 // One item's k range [kc0, kc1): this warp takes an equal share of it.
+// KT_GEMV_CODE 1 leaves the sums in c.sm->red[warp] (acc stays zero).
 template <class P>
 KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc)[16], float (&mma_acc)[8][4]) {
 #if KT_SCALES == 1
@@ -536,7 +566,11 @@ KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc
     const int xoff = s * segc * 8;  // k-pairs before this segment in the tile's input
     // The segment's group 0 in the item's staged scales (may lie before the array).
     const uint16_t(*gs)[2][TILE] = c.sm->gscale + (s * segc / STAGE_CHUNKS - gg0);
+#if KT_GEMV_CODE == 1
+    gemv_segment_shared(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, c.sm->red[c.warp]);
+#else
     gemv_segment(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
+#endif
     kc += l1 - l0;
   }
 }
@@ -638,24 +672,53 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // input was staged once for the phase), epilogue(c, tile, y), and
 // prefetchable (its weights do not depend on data of this launch).
 // The k-split of a phase's tiles: the S that minimises the phase's
-// makespan, ceil(items / blocks) x (an item's chunks per warp + a fixed
-// cost per item), within what the grid allows (the smallest such S on a
-// tie). The fixed cost, ~7 chunks' worth, is what run 10 measured: an item
-// takes ~4.5 us + 0.65 us per chunk per warp (first loads, scales, the
-// partial sums' hand-off). The lanes of each warp try candidates in
-// parallel: a serial loop over up to 72 candidates cost one thread 6-8 us
-// at the start of a phase (RESULTS.md, run 10). Call with whole
-// warps; every block gets the same answer.
+// makespan, in chunks per warp, within what the grid allows (the smallest
+// such S on a tie). A tile's item costs kItemCostChunks + chunks / (S x
+// warps): the fixed cost, ~7 chunks' worth, is what run 10 measured (an
+// item takes ~4.5 us + 0.65 us per chunk per warp: first loads, scales,
+// the partial sums' hand-off). Items go round-robin over the slots (blocks
+// x KT_WAVES), the phase's `extra_items` (row items, lead tiles) first.
+// KT_SPLIT_COST 0 counts every item at a tile item's cost: makespan =
+// rounds x that. KT_SPLIT_COST 1 sums a slot's items, the extra ones at
+// `extra_cost` each: the MoE's 120 small router and shared-expert items
+// then no longer count as a round of routed items, which made S 2 where 1
+// has no hand-off and a shorter makespan (RESULTS, run 58).
+// The lanes of each warp try candidates in parallel: a serial loop over up
+// to 72 candidates cost one thread 6-8 us at the start of a phase
+// (RESULTS.md, run 10). Call with whole warps; every block gets the same
+// answer.
 constexpr float kItemCostChunks = 7.0f;
-KT_DEV int split_for(int tiles, int chunks, int extra_items) {
+constexpr float kRowItemCostChunks = 4.0f;  // a row item: one bf16 row of D per warp, one round trip
+KT_DEV float split_cost(int tiles, int s, float item_cost, int extra_items, float extra_cost, int slots) {
+  const int total = tiles * s + extra_items;
+#if KT_SPLIT_COST == 1
+  // Slot b takes n_b = q + (b < r) items, e_b = qe + (b < re) of them extra:
+  // three classes of slots, split at r and re.
+  const int q = total / slots, r = total % slots, qe = extra_items / slots, re = extra_items % slots;
+  const int firsts[3] = {0, r < re ? r : re, r < re ? re : r};
+  float most = 0;
+  for (int i = 0; i < 3; ++i) {
+    const int b = firsts[i];
+    if (b >= slots) continue;
+    const int n = q + (b < r), e = qe + (b < re);
+    const float load = float(e) * extra_cost + float(n - e) * item_cost;
+    most = load > most ? load : most;
+  }
+  return most;
+#else
+  (void)extra_cost;
+  return float((total + slots - 1) / slots) * item_cost;
+#endif
+}
+KT_DEV int split_for(int tiles, int chunks, int extra_items, float extra_cost) {
   // Staged items are whole groups; register items give each warp a chunk.
   const int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
   const int slots = int(gridDim.x) * KT_WAVES;
   int best = 1;
   float best_cost = 1e30f;
   for (int s = (threadIdx.x & 31) + 1; s <= most && tiles * s <= kMaxItems; s += 32) {
-    const int rounds = (tiles * s + extra_items + slots - 1) / slots;
-    const float cost = float(rounds) * (kItemCostChunks + float(chunks) / float(s * WARPS));
+    const float cost =
+        split_cost(tiles, s, kItemCostChunks + float(chunks) / float(s * WARPS), extra_items, extra_cost, slots);
     if (cost < best_cost) {
       best_cost = cost;
       best = s;
@@ -692,6 +755,13 @@ KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
 #if KT_STAGES > 0
   p.stage(c, tile, kc0, kc1);
   gemv_staged(c, p, tile, kc0 / STAGE_CHUNKS, kc1 / STAGE_CHUNKS, acc, mma_acc);
+#elif KT_GEMV_CODE == 1
+  (void)out;
+  for (int i = c.lane; i < TILE; i += 32) c.sm->red[c.warp][i] = 0;
+  __syncwarp();
+  gemv_registers(c, p, tile, kc0, kc1, acc, mma_acc);
+  __syncwarp();
+  return;
 #else
   gemv_registers(c, p, tile, kc0, kc1, acc, mma_acc);
 #endif
@@ -716,15 +786,27 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
   if (S > 1) {
     if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
-    __threadfence();
     __syncthreads();
-    if (c.tid == 0) c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
+    // One thread publishes the block's partials, after the block barrier
+    // (cumulativity, as in a grid sync); a fence in every thread kept every
+    // warp waiting on its own (ncu: membar). KT_HANDOFF 1: the counter's
+    // atomic is itself acquire-release, KT_HANDOFF 0: fence, then atomic.
+    if (c.tid == 0) {
+#if KT_HANDOFF == 1
+      c.sm->flag = kt_atom_add_acq_rel(&c.s->counters[tile], 1) == S - 1;
+#else
+      __threadfence();
+      c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
+#endif
+    }
     __syncthreads();
     if (!c.sm->flag) {
       if (first) stamp(c, c.layer, kPhaseItemDone);
       return;
     }
+#if KT_HANDOFF == 0
     __threadfence();
+#endif
     y = 0;
     if (c.tid < TILE)
       for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[size_t(item.slot0 + sp) * TILE + c.tid]);
@@ -754,7 +836,10 @@ struct ItemMap {
     lead = KT_LEAD ? p.lead_tiles() : 0;
     const int fill = lead > 0 ? (int(gridDim.x) - rows) / lead : 1;
     S_lead = fill < 1 ? 1 : fill > nch / unit ? nch / unit : fill;
-    S = split_for(tiles - lead, nch, rows + lead * S_lead);
+    // The extra items' cost: a lead item's share of its tile, else a row item's.
+    const float extra_cost =
+        lead > 0 ? kItemCostChunks + float(nch) / float(S_lead * WARPS) : kRowItemCostChunks;
+    S = split_for(tiles - lead, nch, rows + lead * S_lead, extra_cost);
     items = rows + lead * S_lead + (tiles - lead) * S;
   }
   // Item `it` (rows <= it < items).
@@ -1109,10 +1194,11 @@ KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const KtMlaLayer& L, int t0, int 
   for (int i = c.tid; i < TILE_ROWS * (CP + KP); i += THREADS) {
     const int r = i / (CP + KP), q = i % (CP + KP);
     const bool valid = r < rows;
-    if (q < CP) kt_cp_async16(&tile.c[r][q * 8], valid ? L.c_kv + size_t(t0 + r) * R + q * 8 : L.c_kv, valid);
-    else
-      kt_cp_async16(&tile.k[r][(q - CP) * 8], valid ? L.k_rope + size_t(t0 + r) * ROPE + (q - CP) * 8 : L.k_rope,
-                    valid);
+    void* dst = q < CP ? static_cast<void*>(&tile.c[r][q * 8]) : static_cast<void*>(&tile.k[r][(q - CP) * 8]);
+    const uint16_t* src = !valid ? L.c_kv : q < CP ? L.c_kv + size_t(t0 + r) * R + q * 8
+                                                   : L.k_rope + size_t(t0 + r) * ROPE + (q - CP) * 8;
+    if (KT_CACHE_HINT == 1) kt_cp_async16_evict_first(dst, src, valid);
+    else kt_cp_async16(dst, src, valid);
   }
 }
 
@@ -1373,9 +1459,13 @@ struct MoeAPhase : PhaseDefaults {
       if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
     }
     __syncthreads();
-    if (c.tid == 0) {
+    if (c.tid == 0) {  // publishes the block's logits (KT_HANDOFF as in gemv_item)
+#if KT_HANDOFF == 1
+      kt_red_release_add(&c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
+#else
       __threadfence();
       atomicAdd(&c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
+#endif
     }
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
