@@ -135,6 +135,7 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   golden_through_emu("kimi-top8.safetensors", {{"gemv_code", "inline"}, {"split_cost", "rounds"}, {"cache_hint", "plain"}});
   golden_through_emu("kimi-top8.safetensors", {{"handoff", "acq_rel"}, {"threads", 128}, {"dequant", "fma"},
                                                {"scales", "smem"}, {"unroll", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"attn", "fma"}, {"attn_heads", 16}, {"cache_hint", "plain"}});
 }
 
 TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with k-splits priced per block") {

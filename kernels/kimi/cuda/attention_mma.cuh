@@ -177,13 +177,14 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
   const bool dims = w < AM_WD;  // this warp takes latent dims [w AM_DW, (w + 1) AM_DW)
   const AmLanes al(lane);
   AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
+  const AttSrc src{L.c_kv, L.k_rope};
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int ps = it % AM_PASSES, hg = it / AM_PASSES / nch, ch = it / AM_PASSES % nch;
     const int h0 = hg * HG + ps * AM_HP, nh = imin(AM_HP, HG - ps * AM_HP);
     const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
     const int ntiles = (r1 - r0 + AM_ROWS - 1) / AM_ROWS;
     auto issue = [&](int s) {
-      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], L, r0 + s * AM_ROWS, imin(AM_ROWS, r1 - r0 - s * AM_ROWS));
+      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], src, r0 + s * AM_ROWS, imin(AM_ROWS, r1 - r0 - s * AM_ROWS));
       kt_cp_async_commit();
     };
     for (int s = 0; s < AM_STAGES; ++s) issue(s);

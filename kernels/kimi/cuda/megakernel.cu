@@ -1187,18 +1187,35 @@ static_assert(HPW <= 4 || KT_ATTN == 1, "at most 4 heads per warp in an attentio
 
 KT_DEV int lane_dim(int lane, int d) { return (d / PIECE) * 32 * PIECE + lane * PIECE + d % PIECE; }
 
+// The cache rows' 16-byte pieces: a latent row is CP of them, a rope row
+// KP, both powers of two, so a thread's (row, piece) is shifts and masks.
+// Issuing the copies with a division by CP + KP per piece, the layer's
+// pointers re-read from the kernel parameters each time, cost about as many
+// issue slots per tile as the tile's mma work (ncu, run 56 at 16384 rows).
+struct AttSrc {
+  const uint16_t* c_kv;    // the layer's latent cache, row 0
+  const uint16_t* k_rope;  // its rope keys, row 0
+};
+
 template <class Tile>  // AttTile, or AttMmaTile (rows padded)
-KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const KtMlaLayer& L, int t0, int rows) {
+KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int rows) {
   constexpr int CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
   constexpr int TILE_ROWS = int(sizeof(tile.c) / sizeof(tile.c[0]));
-  for (int i = c.tid; i < TILE_ROWS * (CP + KP); i += THREADS) {
-    const int r = i / (CP + KP), q = i % (CP + KP);
-    const bool valid = r < rows;
-    void* dst = q < CP ? static_cast<void*>(&tile.c[r][q * 8]) : static_cast<void*>(&tile.k[r][(q - CP) * 8]);
-    const uint16_t* src = !valid ? L.c_kv : q < CP ? L.c_kv + size_t(t0 + r) * R + q * 8
-                                                   : L.k_rope + size_t(t0 + r) * ROPE + (q - CP) * 8;
-    if (KT_CACHE_HINT == 1) kt_cp_async16_evict_first(dst, src, valid);
-    else kt_cp_async16(dst, src, valid);
+  static_assert((CP & (CP - 1)) == 0 && (KP & (KP - 1)) == 0, "pieces per row: powers of two");
+  const uint16_t* ckv = src.c_kv + size_t(t0) * R;
+  const uint16_t* kr = src.k_rope + size_t(t0) * ROPE;
+  auto copy = [&](void* dst, const uint16_t* from, bool valid) {
+    if (KT_CACHE_HINT == 1) kt_cp_async16_evict_first(dst, valid ? from : src.c_kv, valid);
+    else kt_cp_async16(dst, valid ? from : src.c_kv, valid);
+  };
+#pragma unroll
+  for (int i = c.tid; i < TILE_ROWS * CP; i += THREADS) {
+    const int r = i / CP, q = i % CP;
+    copy(&tile.c[r][q * 8], ckv + r * R + q * 8, r < rows);
+  }
+  for (int i = c.tid; i < TILE_ROWS * KP; i += THREADS) {
+    const int r = i / KP, q = i % KP;
+    copy(&tile.k[r][q * 8], kr + r * ROPE + q * 8, r < rows);
   }
 }
 
@@ -1219,6 +1236,7 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
   const int rows = pos + 1, nch = attn_chunks(rows), groups = MH / HG;
   const int items = groups * nch;
   AttTile* tiles = reinterpret_cast<AttTile*>(c.sm->pipe);
+  const AttSrc src{L.c_kv, L.k_rope};
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int hg = it / nch, ch = it % nch;
     const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
@@ -1240,12 +1258,12 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
                                            : 0.0f;
     }
     for (int s = 0; s < ATT_STAGES - 1; ++s) {
-      if (s < ntiles) issue_att_tile(c, tiles[s % ATT_STAGES], L, r0 + s * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS));
+      if (s < ntiles) issue_att_tile(c, tiles[s % ATT_STAGES], src, r0 + s * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS));
       kt_cp_async_commit();
     }
     for (int s = 0; s < ntiles; ++s) {
       const int sn = s + ATT_STAGES - 1;
-      if (sn < ntiles) issue_att_tile(c, tiles[sn % ATT_STAGES], L, r0 + sn * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - sn * ATT_ROWS));
+      if (sn < ntiles) issue_att_tile(c, tiles[sn % ATT_STAGES], src, r0 + sn * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - sn * ATT_ROWS));
       kt_cp_async_commit();
       kt_cp_async_wait<ATT_STAGES - 1>();
       __syncthreads();
