@@ -527,9 +527,10 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 
 // KT_GEMV_CODE 1: every phase's register-path GEMV runs this one out-of-line
 // copy of the loop, which adds the segment's sums to the warp's row of
-// c.sm->red (lanes t == 0 hold columns 16 g .. 16 g + 15). Inlined, each
-// phase has its own copy (~2,000 instructions each); ncu found warps of the
-// phases that run once per layer waiting on instruction fetch (RESULTS, run 56).
+// c.sm->red (lanes t == 0 hold columns 16 g .. 16 g + 15). Inlined, the
+// loop is in the kernel 8 times (~800 instructions each); ncu found the warps
+// of phases that run once per layer waiting on instruction fetch (RESULTS,
+// run 56).
 __device__ __noinline__ void gemv_segment_shared(Seg sg, int l0, int l1, const uint16_t (*gs)[2][TILE],
                                                  const uint32_t* xh, const uint32_t* xl, float* red_row) {
   float acc[16], mma_acc[8][4], out[16];
