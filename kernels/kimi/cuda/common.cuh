@@ -220,28 +220,25 @@ KT_DEV uint16_t kt_ld_cg(const uint16_t* p) {
 
 // ---- asynchronous copies into shared memory (cp.async, 16 bytes) ----------
 // `valid` false writes zeros (the copy reads nothing). The emulator copies at
-// once, so commit and wait are no-ops there.
+// once, so commit and wait are no-ops there. hint 1 marks the line first to
+// evict from L2: for data read once per step (the MLA cache), so that it does
+// not push out what the next phases and the next step read again (the
+// router's rows, the KDA state).
+template <int hint = 0>
 KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
 #ifdef KT_EMULATION
   if (valid) memcpy(smem, gmem, 16);
   else memset(smem, 0, 16);
 #else
   unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-#endif
-}
-// The same, with the line marked first to evict from L2: for data read once
-// per step (the MLA cache), so that it does not push out what the next phases
-// and the next step read again (the router's rows, the KDA state).
-KT_DEV void kt_cp_async16_evict_first(void* smem, const void* gmem, bool valid) {
-#ifdef KT_EMULATION
-  kt_cp_async16(smem, gmem, valid);
-#else
-  unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
-               "r"(valid ? 16 : 0), "l"(policy));
+  if (hint == 1) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
+                 "r"(valid ? 16 : 0), "l"(policy));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+  }
 #endif
 }
 KT_DEV void kt_cp_async_commit() {

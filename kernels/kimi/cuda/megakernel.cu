@@ -1206,8 +1206,7 @@ KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int ro
   const uint16_t* ckv = src.c_kv + size_t(t0) * R;
   const uint16_t* kr = src.k_rope + size_t(t0) * ROPE;
   auto copy = [&](void* dst, const uint16_t* from, bool valid) {
-    if (KT_CACHE_HINT == 1) kt_cp_async16_evict_first(dst, valid ? from : src.c_kv, valid);
-    else kt_cp_async16(dst, valid ? from : src.c_kv, valid);
+    kt_cp_async16<KT_CACHE_HINT>(dst, valid ? from : src.c_kv, valid);
   };
 #pragma unroll
   for (int i = c.tid; i < TILE_ROWS * CP; i += THREADS) {
