@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "sandbox/process.h"
 
 namespace ktune::measure {
 
@@ -43,7 +44,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 CuptiCounter::CuptiCounter() {
   // Under a profiler (ncu, nsys) the profiler owns CUPTI: loading a second
   // copy and registering callbacks crashes the process.
-  if (const char* off = std::getenv("KTUNE_NO_CUPTI"); off && *off && std::string(off) != "0") {
+  if (sandbox::under_profiler()) {
     reason_ = "disabled by KTUNE_NO_CUPTI (running under a profiler)";
     return;
   }

@@ -409,6 +409,11 @@ bool run_process(const ProcessSpec& spec, ProcessResult* result, std::string* er
   return true;
 }
 
+bool under_profiler() {
+  const char* off = std::getenv("KTUNE_NO_CUPTI");
+  return off && *off && std::string(off) != "0";
+}
+
 std::map<std::string, std::string> clean_env(const std::string& workdir,
                                              const std::map<std::string, std::string>& extra) {
   // What compilers and the CUDA driver need; everything else stays behind.
@@ -428,7 +433,7 @@ std::map<std::string, std::string> clean_env(const std::string& workdir,
   std::erase_if(env, [](const auto& entry) { return looks_secret(entry.first); });
   // Under a profiler (KTUNE_NO_CUPTI set, README) the children must see its
   // settings, a launch token among them, so these skip the secret filter.
-  if (const char* off = std::getenv("KTUNE_NO_CUPTI"); off && *off && std::string(off) != "0")
+  if (under_profiler())
     for (char** entry = environ; *entry; ++entry) {
       const std::string text = *entry;
       const size_t eq = text.find('=');

@@ -62,6 +62,11 @@ bool run_process(const ProcessSpec& spec, ProcessResult* result, std::string* er
 std::map<std::string, std::string> clean_env(const std::string& workdir,
                                              const std::map<std::string, std::string>& extra = {});
 
+// Whether ktune runs under a profiler (ncu, nsys): KTUNE_NO_CUPTI is set and
+// not "0". The runner then leaves CUPTI to the profiler, and clean_env passes
+// the profiler's settings on.
+bool under_profiler();
+
 // A long-lived child spoken to in lines over pipes (the runner). The child
 // runs in its own process group with the same limits except the timeout,
 // which applies per request instead (spec.stdin_data and capture_bytes are

@@ -285,7 +285,13 @@ TEST_CASE("clean_env passes a profiler's settings on only under KTUNE_NO_CUPTI")
     for (const char* absent : {"LD_PRELOAD", "NV_TPS_LAUNCH_TOKEN", "CUDA_INJECTION64_PATH", "KTUNE_NO_CUPTI"})
       CHECK_MESSAGE(env.count(absent) == 0, absent);
   }
+  {
+    ScopedEnv zero("KTUNE_NO_CUPTI", "0");  // "0" is not set
+    CHECK_FALSE(under_profiler());
+    CHECK(clean_env(dir.path).count("NV_TPS_LAUNCH_TOKEN") == 0);
+  }
   ScopedEnv off("KTUNE_NO_CUPTI", "1");
+  CHECK(under_profiler());
   auto env = clean_env(dir.path, {{"LD_PRELOAD", "/from/extra.so"}});
   CHECK(env.at("KTUNE_NO_CUPTI") == "1");
   CHECK(env.at("NV_TPS_LAUNCH_TOKEN") == "t1");
