@@ -130,12 +130,14 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   // cache marked evict-first) run in every other case; here the
   // alternatives: each phase's own inlined loop, splits in equal rounds,
   // plain cache loads, and the acquire-release hand-off (items whose k range
-  // crosses segments add each segment's sums into the warp's row).
+  // crosses segments add each segment's sums into the warp's row); then the
+  // L2 prefetch of each phase's items with 16-row attention tiles.
   setenv("KTUNE_EMU_SMS", "3", 1);
   golden_through_emu("kimi-top8.safetensors", {{"gemv_code", "inline"}, {"split_cost", "rounds"}, {"cache_hint", "plain"}});
   golden_through_emu("kimi-top8.safetensors", {{"handoff", "acq_rel"}, {"threads", 128}, {"dequant", "fma"},
                                                {"scales", "smem"}, {"unroll", 4}});
   golden_through_emu("kimi-top8.safetensors", {{"attn", "fma"}, {"attn_heads", 16}, {"cache_hint", "plain"}});
+  golden_through_emu("kimi-top8.safetensors", {{"prefetch", 1}, {"attn_rows", 16}});
 }
 
 TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with k-splits priced per block") {

@@ -30,7 +30,7 @@ KnobSpace cuda_mega_space() {
       {"attn", "KT_ATTN", {"fma", "mma"}, "mma",
        "attention scores and weighted sums on fp32 FMAs with warp shuffles, or on bf16 tensor-core mma "
        "(16 heads x attn_rows cached rows per tile)"},
-      {"attn_rows", "KT_ATTN_ROWS", {16, 32}, 16,
+      {"attn_rows", "KT_ATTN_ROWS", {16, 32}, 32,
        "mma attention: cached rows per shared-memory tile (two block barriers and one exchange of partial "
        "scores per tile)"},
       {"pipeline", "KT_PIPELINE", {0, 1}, 1,

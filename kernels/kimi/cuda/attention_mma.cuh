@@ -85,7 +85,7 @@ KT_DEV void am_softmax(Ctx& c, AttMma& A, int rows_here, float (&m)[AM_SLOTS], f
 #pragma unroll
   for (int j = 0; j < AM_SLOTS; ++j) {
     const int e = j * THREADS + c.tid;
-    if (e >= AM_PAIRS) break;  // whole warps
+    if (AM_PAIRS % THREADS != 0 && e >= AM_PAIRS) break;  // whole warps (none when the pairs fill the slots)
     const int h = am_head(e), r = e & (AM_ROWS - 1);
     float s = 0;
 #pragma unroll
@@ -174,7 +174,8 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
 KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
   const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
   const int lane = c.lane, w = c.warp;
-  const bool dims = w < AM_WD;  // this warp takes latent dims [w AM_DW, (w + 1) AM_DW)
+  // This warp takes latent dims [w AM_DW, (w + 1) AM_DW); a constant when every warp does.
+  const bool dims = AM_WD == WARPS || w < AM_WD;
   const AmLanes al(lane);
   AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
   const AttSrc src{L.c_kv, L.k_rope};
@@ -233,7 +234,7 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
 #pragma unroll
     for (int j = 0; j < AM_SLOTS; ++j) {
       const int e = j * THREADS + c.tid, h = am_head(e);
-      if (e >= AM_PAIRS) break;  // whole warps
+      if (AM_PAIRS % THREADS != 0 && e >= AM_PAIRS) break;  // whole warps
 #pragma unroll
       for (int k = AM_ROWS / 2; k >= 1; k >>= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], k);
       if ((e & (AM_ROWS - 1)) == 0 && h < nh) {

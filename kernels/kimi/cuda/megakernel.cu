@@ -163,6 +163,7 @@ struct alignas(16) Smem {
   float kq[KD], qq[KD], dec[KD];
   float part[2][WARPS][32];
   float cw[kMaxChunks];
+  float wden;  // WuvPhase: the combined softmax's denominator
   float lv[E];
   ktune::kimi::topk_detail::Item items[E];
   alignas(16) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles
@@ -857,7 +858,29 @@ struct ItemMap {
   }
 };
 
-// Prefetches into L2 the weight rows this block will read in phase p.
+// Prefetches into L2 the weight rows of one item and their groups' scales
+// and zeros (each row of a tile is TILE bytes; both ends, in case it
+// straddles two lines).
+template <class P>
+KT_DEV void prefetch_item(Ctx& c, P& p, const Item& item) {
+  const int segc = p.seg_chunks(item.tile);
+  for (int kp = item.kc0 * 8 + c.tid; kp < item.kc1 * 8; kp += THREADS) {
+    const int s = kp / (segc * 8), lp = kp % (segc * 8);
+    const Seg sg = p.seg(item.tile, s);
+    const uint8_t* row = sg.wq + size_t(lp) * sg.N + sg.n0;
+    kt_prefetch_l2(row);
+    kt_prefetch_l2(row + TILE - 1);
+    if (lp % (G / 2) == 0 || kp == item.kc0 * 8) {  // the row opens a group (or the item)
+      const size_t off = size_t(lp / (G / 2)) * sg.N + sg.n0;
+      kt_prefetch_l2(sg.sc + off);
+      kt_prefetch_l2(sg.sc + off + TILE - 1);
+      kt_prefetch_l2(sg.ze + off);
+      kt_prefetch_l2(sg.ze + off + TILE - 1);
+    }
+  }
+}
+
+// KT_PREFETCH: every item of phase p this block will take.
 template <class P>
 KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
@@ -865,16 +888,7 @@ KT_DEV void prefetch_phase(Ctx& c, P& p) {
   for (int it = int(blockIdx.x); it < map.items; it += gridDim.x) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
-    const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1;
-    if (!p.static_weights(tile)) continue;
-    const int segc = p.seg_chunks(tile);
-    for (int kp = kc0 * 8 + c.tid; kp < kc1 * 8; kp += THREADS) {
-      const int s = kp / (segc * 8), lp = kp % (segc * 8);
-      const Seg sg = p.seg(tile, s);
-      const uint8_t* row = sg.wq + size_t(lp) * sg.N + sg.n0;
-      kt_prefetch_l2(row);
-      kt_prefetch_l2(row + TILE - 1);
-    }
+    if (p.static_weights(item.tile)) prefetch_item(c, p, item);
   }
 #else
   (void)c;
@@ -1128,27 +1142,40 @@ struct Mla1Phase : PhaseDefaults {
 };
 
 // q_abs[h][r] = sum_d W_kvb[r, h*(NOPE+VH) + d] q_nope[h][d], pre-scaled by
-// 192^-0.5. Item: (head, 64 latent rows); a warp takes 4 packed rows at a
-// time, 8 lanes per row, 16 columns per lane.
+// 192^-0.5. Item: (head, 128 latent rows = 64 packed rows); 8 lanes take a
+// packed row, 16 columns per lane, QA_TRIPS packed rows each, all their
+// loads issued before the first is used. With 64 latent rows per item the
+// phase was two rounds of items on 132 blocks, two dependent DRAM round
+// trips (RESULTS, run 69).
+constexpr int QA_PAIRS = 64, QA_TRIPS = cdiv(QA_PAIRS, WARPS * 4);  // packed rows per item; per 8 lanes
 KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
-  const int per_head = R / 64, items = MH * per_head;
+  static_assert((R / 2) % QA_PAIRS == 0 && G == 2 * QA_PAIRS, "q_abs items: one quantization group each");
+  const int per_head = R / 2 / QA_PAIRS, items = MH * per_head;
   const int sub = c.lane >> 3, c16 = (c.lane & 7) * 16;
+  const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
-    const int h = it / per_head, rp0 = (it % per_head) * 32;
+    const int h = it / per_head, rp0 = (it % per_head) * QA_PAIRS;
+    const int col = h * (NOPE + VH) + c16;
+    uint4 wv[QA_TRIPS];
+#pragma unroll
+    for (int i = 0; i < QA_TRIPS; ++i) {
+      const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
+      if (rp < rp0 + QA_PAIRS) wv[i] = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
+    }
+    const RawScales rs = fetch_scales(sg, 2 * rp0 / G, col, true);  // one group: G == 2 QA_PAIRS
+    uint32_t ss[8], zz[8];
     float q[16];
 #pragma unroll
     for (int b = 0; b < 16; ++b) q[b] = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + c16 + b]));
-    const int col = h * (NOPE + VH) + c16;
-    for (int br = c.warp * 4 + sub; br < 32; br += WARPS * 4) {
-      const int rp = rp0 + br;
-      const uint4 wv = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
-      const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
-      uint32_t ss[8], zz[8];
-      load_scales(sg, (2 * rp) / G, col, true, ss, zz);
+#pragma unroll
+    for (int i = 0; i < QA_TRIPS; ++i) {
+      const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
+      if (rp >= rp0 + QA_PAIRS) break;  // whole warps (64 is a multiple of 4)
+      if (i == 0) expand_scales(rs, true, ss, zz);
       float a0 = 0, a1 = 0;
 #pragma unroll
       for (int b = 0; b < 16; ++b) {
-        const uint32_t w = word_of(wv, b >> 2);
+        const uint32_t w = word_of(wv[i], b >> 2);
         const uint32_t pr = dequant_col(kt_nibble_pair(w, w >> 4, b & 3), ss, zz, b);
         a0 += q[b] * kt_lo(pr);
         a1 += q[b] * kt_hi(pr);
@@ -1188,11 +1215,8 @@ static_assert(HPW <= 4 || KT_ATTN == 1, "at most 4 heads per warp in an attentio
 
 KT_DEV int lane_dim(int lane, int d) { return (d / PIECE) * 32 * PIECE + lane * PIECE + d % PIECE; }
 
-// The cache rows' 16-byte pieces: a latent row is CP of them, a rope row
-// KP, both powers of two, so a thread's (row, piece) is shifts and masks.
-// Issuing the copies with a division by CP + KP per piece, the layer's
-// pointers re-read from the kernel parameters each time, cost about as many
-// issue slots per tile as the tile's mma work (ncu, run 56 at 16384 rows).
+// The cache rows of an attention item, read once per item (re-read from
+// the kernel parameters for every copy, they cost issue slots; run 56).
 struct AttSrc {
   const uint16_t* c_kv;    // the layer's latent cache, row 0
   const uint16_t* k_rope;  // its rope keys, row 0
@@ -1200,22 +1224,31 @@ struct AttSrc {
 
 template <class Tile>  // AttTile, or AttMmaTile (rows padded)
 KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int rows) {
-  constexpr int CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
-  constexpr int TILE_ROWS = int(sizeof(tile.c) / sizeof(tile.c[0]));
-  static_assert((CP & (CP - 1)) == 0 && (KP & (KP - 1)) == 0, "pieces per row: powers of two");
-  const uint16_t* ckv = src.c_kv + size_t(t0) * R;
-  const uint16_t* kr = src.k_rope + size_t(t0) * ROPE;
-  auto copy = [&](void* dst, const uint16_t* from, bool valid) {
-    kt_cp_async16<KT_CACHE_HINT>(dst, valid ? from : src.c_kv, valid);
-  };
+  // A thread copies the same 16-byte piece of every RP-th latent row: its
+  // piece, first row and both addresses are fixed per thread, so each copy
+  // is an add and a compare. Written with signed indices and a loop
+  // bounded by the thread index, the copies cost ~22 instructions each, a
+  // third of the attention's issue slots per tile (ncu, RESULTS run 70).
+  constexpr unsigned CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
+  constexpr unsigned TILE_ROWS = sizeof(tile.c) / sizeof(tile.c[0]);
+  constexpr unsigned CS = sizeof(tile.c[0]) / 2, KS = sizeof(tile.k[0]) / 2;  // row strides, padding included
+  constexpr unsigned RP = THREADS / CP, PASSES = (TILE_ROWS + RP - 1) / RP;  // latent rows per pass of the block
+  static_assert(THREADS % CP == 0, "whole latent rows per pass");
+  const unsigned tid = unsigned(c.tid), q = tid % CP, r0 = tid / CP;
+  const uint16_t* from = src.c_kv + (size_t(t0) + r0) * R + q * 8;
+  uint16_t* to = &tile.c[0][0] + r0 * CS + q * 8;
 #pragma unroll
-  for (int i = c.tid; i < TILE_ROWS * CP; i += THREADS) {
-    const int r = i / CP, q = i % CP;
-    copy(&tile.c[r][q * 8], ckv + r * R + q * 8, r < rows);
+  for (unsigned k = 0; k < PASSES; ++k) {
+    if (PASSES * RP > TILE_ROWS && r0 + k * RP >= TILE_ROWS) break;  // more threads than pieces
+    const bool valid = int(r0 + k * RP) < rows;
+    kt_cp_async16<KT_CACHE_HINT>(to + k * RP * CS, valid ? from + k * RP * R : src.c_kv, valid);
   }
-  for (int i = c.tid; i < TILE_ROWS * KP; i += THREADS) {
-    const int r = i / KP, q = i % KP;
-    copy(&tile.k[r][q * 8], kr + r * ROPE + q * 8, r < rows);
+#pragma unroll
+  for (unsigned i = tid; i < TILE_ROWS * KP; i += THREADS) {
+    const unsigned r = i / KP, p = i % KP;
+    const bool valid = int(r) < rows;
+    kt_cp_async16<KT_CACHE_HINT>(&tile.k[0][0] + r * KS + p * 8,
+                                 valid ? src.k_rope + (size_t(t0) + r) * ROPE + p * 8 : src.c_kv, valid);
   }
 }
 
@@ -1339,42 +1372,76 @@ struct WuvPhase : PhaseDefaults {
   KT_DEV Seg seg(int h, int) const {
     return Seg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, h * (NOPE + VH) + NOPE};
   }
-  // The combined o_lat[h] for the item's rows: sum over chunks of
-  // exp(m_c - M) acc_c / sum exp(m_c - M) l_c. Loads are spread so that no
-  // thread walks all chunks one after another: SUB threads share a pair of
-  // rows and split the chunks, then add up with shuffles.
+  // The combined o_lat[h] for the item's dims: sum over chunks of
+  // exp(m_c - M) acc_c / sum exp(m_c - M) l_c. SUB threads share 4 dims
+  // and split the chunks. Each thread issues its chunks' partial sums
+  // (16-byte loads, up to kWuvLoads) before the block's max and sum over m
+  // and l, whose loads are issued together too, so the stage pays about one
+  // L2 round trip, not one per step (RESULTS, run 69: the stage had been
+  // ~6 us of the phase's 11).
+  static constexpr int kWuvLoads = 12;
   KT_DEV void stage(Ctx& c, int h, int kc0, int kc1) {
-    float mx = -INFINITY;
-    for (int ch = c.tid; ch < nch; ch += THREADS) mx = fmaxf(mx, kt_ld_cg(&c.s->attn_m[ch * MH + h]));
+    const int quads = (kc1 - kc0) * (CHUNK / 4);
+    int sub = 1;
+    while (sub < 32 && quads * sub * 2 <= THREADS) sub *= 2;
+    const int part = c.lane % sub, trips = (quads * sub + THREADS - 1) / THREADS;  // part: THREADS % sub == 0
+    for (int trip = 0; trip < trips; ++trip) {  // block-uniform (barriers inside), so warp-uniform (shuffles)
+      const int qd = (trip * THREADS + c.tid) / sub, d0 = kc0 * CHUNK + 4 * qd;
+      const bool valid = qd < quads;
+      float4 raw[kWuvLoads];
+#pragma unroll
+      for (int i = 0; i < kWuvLoads; ++i) {
+        const int ch = part + i * sub;
+        raw[i] = valid && ch < nch
+                     ? kt_ld_cg(reinterpret_cast<const float4*>(&c.s->attn_acc[size_t(ch * MH + h) * R + d0]))
+                     : float4{0, 0, 0, 0};
+      }
+      if (trip == 0) weigh_chunks(c, h);  // while the loads are out
+      float4 v = {0, 0, 0, 0};
+#pragma unroll
+      for (int i = 0; i < kWuvLoads; ++i) {
+        const float w = part + i * sub < nch ? c.sm->cw[part + i * sub] : 0.0f;
+        v.x += w * raw[i].x, v.y += w * raw[i].y, v.z += w * raw[i].z, v.w += w * raw[i].w;
+      }
+      for (int ch = part + kWuvLoads * sub; valid && ch < nch; ch += sub) {  // more chunks than loads
+        const float4 a = kt_ld_cg(reinterpret_cast<const float4*>(&c.s->attn_acc[size_t(ch * MH + h) * R + d0]));
+        const float w = c.sm->cw[ch];
+        v.x += w * a.x, v.y += w * a.y, v.z += w * a.z, v.w += w * a.w;
+      }
+      for (int m = sub / 2; m >= 1; m >>= 1) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, m);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, m);
+        v.z += __shfl_xor_sync(0xffffffffu, v.z, m);
+        v.w += __shfl_xor_sync(0xffffffffu, v.w, m);
+      }
+      const float den = c.sm->wden;
+      if (valid && part == 0) {
+        stage_f32_pair(c, d0 / 2, v.x / den, v.y / den);
+        stage_f32_pair(c, d0 / 2 + 1, v.z / den, v.w / den);
+      }
+    }
+    __syncthreads();
+  }
+  // cw[ch] = exp(m_ch - M) for every chunk and wden = sum cw[ch] l_ch, in
+  // shared memory (block-wide: every thread calls it once).
+  KT_DEV void weigh_chunks(Ctx& c, int h) {
+    float m = -INFINITY, l = 0, mx = -INFINITY;
+    if (c.tid < nch) {
+      m = kt_ld_cg(&c.s->attn_m[c.tid * MH + h]);
+      l = kt_ld_cg(&c.s->attn_l[c.tid * MH + h]);
+    }
+    for (int ch = c.tid; ch < nch; ch += THREADS) mx = fmaxf(mx, ch == c.tid ? m : kt_ld_cg(&c.s->attn_m[ch * MH + h]));
     mx = block_max(c, mx);
     float den = 0;
     for (int ch = c.tid; ch < nch; ch += THREADS) {
-      const float w = expf(kt_ld_cg(&c.s->attn_m[ch * MH + h]) - mx);
+      const float mc = ch == c.tid ? m : kt_ld_cg(&c.s->attn_m[ch * MH + h]);
+      const float lc = ch == c.tid ? l : kt_ld_cg(&c.s->attn_l[ch * MH + h]);
+      const float w = expf(mc - mx);
       c.sm->cw[ch] = w;
-      den += w * kt_ld_cg(&c.s->attn_l[ch * MH + h]);
+      den += w * lc;
     }
-    den = block_sum(c, den);
-    const int pairs = (kc1 - kc0) * 8;
-    int sub = 1;
-    while (sub < 32 && pairs * sub * 2 <= THREADS) sub *= 2;
-    // Warp-uniform trips (the shuffles need every lane); `valid` guards the work.
-    for (int base0 = c.tid - c.lane; base0 < pairs * sub; base0 += THREADS) {
-      const int base = base0 + c.lane;
-      const bool valid = base < pairs * sub;
-      const int p = kc0 * 8 + base / sub, part = base % sub;
-      float v0 = 0, v1 = 0;
-#pragma unroll 4
-      for (int ch = part; valid && ch < nch; ch += sub) {
-        const float* a = &c.s->attn_acc[size_t(ch * MH + h) * R + 2 * p];
-        v0 += c.sm->cw[ch] * kt_ld_cg(a);
-        v1 += c.sm->cw[ch] * kt_ld_cg(a + 1);
-      }
-      for (int m = sub / 2; m >= 1; m >>= 1) {
-        v0 += __shfl_xor_sync(0xffffffffu, v0, m);
-        v1 += __shfl_xor_sync(0xffffffffu, v1, m);
-      }
-      if (valid && part == 0) stage_f32_pair(c, p, v0 / den, v1 / den);
-    }
+    den = block_sum(c, den);  // its barriers also publish cw
+    if (c.tid == 0) c.sm->wden = den;
     __syncthreads();
   }
   KT_DEV void epilogue(Ctx& c, int h, const float* y) {

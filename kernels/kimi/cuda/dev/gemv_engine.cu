@@ -28,6 +28,9 @@
 //       scales and zeros kept two columns per word)
 //   v8  v6's compute fed by each warp's own ring of bulk copies from a
 //       repacked, swizzled tile-contiguous layout (127 registers)
+//   v9  v7 from a fragment-native repacked layout: each lane's 32 bytes of
+//       a chunk contiguous, nibbles placed so that a pair is one shift and
+//       one LOP3 (no PRMT)
 //
 // What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
 // 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
@@ -51,7 +54,8 @@
 // Build and run (sm_90; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
 //   nvcc -arch=sm_90 -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
-// then run it with no arguments (scripts/device_pack.sh carries it).
+// then run it with no arguments for every version, or with name prefixes
+// ("v9" "v7 U2") for those only (scripts/device_pack.sh carries it).
 // Weights use the spec's layout ([K/2, N] bytes, scales and zeros
 // [K/128, N] bf16); x is bf16, y is fp32 (one partial per k-split).
 #include <cuda_runtime.h>
@@ -87,6 +91,7 @@ struct Problem {
   int M, K, N, S;
   unsigned long long* span;  // per block: first start, last end (globaltimer)
   const uint8_t* wrep = nullptr;  // v8: the same weights repacked (repack_for_v8)
+  const uint8_t* wfrag = nullptr; // v9: the same weights repacked (repack_for_v9)
 };
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -292,7 +297,7 @@ __global__ void v1_registers(Problem p) {
 // following them. NOLOAD 1 replaces the loads with values made from the
 // chunk index (results unchecked): the compute's own time. The kernel is
 // v6_scales_ahead's with AHEAD false (below); v5_load is its batch of loads.
-template <int U, bool NOLOAD>
+template <int U, bool NOLOAD, bool FRAG = false>
 __device__ __forceinline__ void v5_load(const uint8_t* w, int N, int l, int c1, int t, uint4 (&wa)[U],
                                         uint4 (&wb)[U]) {
 #pragma unroll
@@ -302,6 +307,9 @@ __device__ __forceinline__ void v5_load(const uint8_t* w, int N, int l, int c1, 
       const uint32_t h = uint32_t(lc) * 2654435761u ^ uint32_t(t);
       wa[u] = make_uint4(h, h * 3u, h * 5u, h * 7u);
       wb[u] = make_uint4(h * 11u, h * 13u, h * 17u, h * 19u);
+    } else if (FRAG) {  // w: the lane's 32 bytes of the tile's chunk 0 (v9)
+      wa[u] = kt_ld_weights<1>(w + size_t(lc) * 1024);
+      wb[u] = kt_ld_weights<1>(w + size_t(lc) * 1024 + 16);
     } else {
       wa[u] = kt_ld_weights<1>(w + size_t(lc * 8 + t) * N);
       wb[u] = kt_ld_weights<1>(w + size_t(lc * 8 + t + 4) * N);
@@ -337,9 +345,40 @@ __device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb,
     return (col & 1) ? kt_dequant_half<1>(pair, z, sc) : kt_dequant_half<0>(pair, z, sc);
   });
 }
+// ---- v9: v7 from a fragment-native layout ------------------------------------------
+// v7 spends 2.25 integer-pipe instructions per nibble pair (a PRMT brings a
+// byte's two nibbles to the two halves, a LOP3 masks and biases, and a
+// shift per word), and the integer pipe issues a warp instruction every
+// other cycle. The spec allows a repack at load: here a lane's 32 bytes of
+// a chunk are contiguous ([M][tile][chunk][lane][32 bytes], repack_for_v9)
+// and word j holds mma j's four A registers, a[r] as nibbles r and r + 4,
+// so a[r] = ((word >> 4r) & 0x000f000f) | bias: 7 integer instructions per
+// word instead of 9. UMULHI: the shifts as __umulhi by a power of two (an
+// IMAD.HI, issued by the FMA pipe), to unload the integer pipe further.
+template <bool UMULHI>
+__device__ __forceinline__ void chunk_mma_frag(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
+                                               const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
+                                               float (&acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  uint32_t b[2] = {g == 0 ? xs[lc * 8 + t] : 0u, g == 0 ? xs[lc * 8 + t + 4] : 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = word_of(j < 4 ? wa : wb, j & 3);
+    uint32_t a[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t sh = r == 0 ? w : UMULHI ? __umulhi(w, 1u << (32 - 4 * r)) : w >> (4 * r);
+      const uint32_t pair = (sh & 0x000f000fu) | bias;
+      a[r] = (r & 1) ? kt_dequant_half<1>(pair, zr[j], sr[j]) : kt_dequant_half<0>(pair, zr[j], sr[j]);
+    }
+    kt_mma_bf16(acc[j], a, b);
+  }
+}
+
 // LEAN: v7 (above) instead of v6's expanded scales and literal bias.
 // AHEAD false: v5 (each group's scales loaded when the group is entered).
-template <int U, int NOLOAD = 0, bool LEAN = false, bool AHEAD = true>
+// FRAG (with LEAN): v9, from p.wfrag; 2 with the shifts as __umulhi.
+template <int U, int NOLOAD = 0, bool LEAN = false, bool AHEAD = true, int FRAG = 0>
 __global__ void v6_scales_ahead(Problem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint32_t* xs = reinterpret_cast<uint32_t*>(smem);
@@ -352,7 +391,8 @@ __global__ void v6_scales_ahead(Problem p) {
     const int m = it / (tiles * p.S), tile = it / p.S % tiles, split = it % p.S;
     const int kc0 = split * nch / p.S, kc1 = (split + 1) * nch / p.S;
     const int c0 = kc0 + (kc1 - kc0) * warp / warps, c1 = kc0 + (kc1 - kc0) * (warp + 1) / warps;
-    const uint8_t* w = p.wq + size_t(m) * (p.K / 2) * p.N + tile * TILE + 16 * g;
+    const uint8_t* w = FRAG ? p.wfrag + (size_t(m) * tiles + tile) * nch * 1024 + lane * 32
+                            : p.wq + size_t(m) * (p.K / 2) * p.N + tile * TILE + 16 * g;
     const size_t soff = size_t(m) * (p.K / 128) * p.N + tile * TILE + 16 * g;
     const int last_group = (c1 - 1) / GROUP_CHUNKS;
     uint4 next_s[2], next_z[2];
@@ -391,7 +431,9 @@ __global__ void v6_scales_ahead(Problem p) {
           }
           if (AHEAD) load_scales(cur + 1);
         }
-        if (LEAN)
+        if (FRAG)
+          chunk_mma_frag<FRAG == 2>(wa[u], wb[u], sr, zr, bias, xs, lc, acc);
+        else if (LEAN)
           chunk_mma_lean(wa[u], wb[u], sr, zr, bias, xs, lc, acc);
         else
           chunk_mma(wa[u], wb[u], ss, zz, xs, lc, acc);
@@ -400,13 +442,13 @@ __global__ void v6_scales_ahead(Problem p) {
     uint4 wa0[U], wb0[U], wa1[U], wb1[U];
     if (c0 < c1) {
       if (AHEAD) load_scales(c0 / GROUP_CHUNKS);
-      v5_load<U, NOLOAD != 0>(w, p.N, c0, c1, t, wa0, wb0);
+      v5_load<U, NOLOAD != 0, FRAG != 0>(w, p.N, c0, c1, t, wa0, wb0);
     }
     for (int l = c0; l < c1; l += 2 * U) {
-      if (l + U < c1) v5_load<U, NOLOAD != 0>(w, p.N, l + U, c1, t, wa1, wb1);
+      if (l + U < c1) v5_load<U, NOLOAD != 0, FRAG != 0>(w, p.N, l + U, c1, t, wa1, wb1);
       compute(l, wa0, wb0);
       if (l + U >= c1) break;
-      if (l + 2 * U < c1) v5_load<U, NOLOAD != 0>(w, p.N, l + 2 * U, c1, t, wa0, wb0);
+      if (l + 2 * U < c1) v5_load<U, NOLOAD != 0, FRAG != 0>(w, p.N, l + 2 * U, c1, t, wa0, wb0);
       compute(l + U, wa1, wb1);
     }
     store_partial(p, m, tile, split, acc, red);
@@ -702,6 +744,29 @@ static void repack_for_v8(const uint8_t* src, uint8_t* dst, int M, int K, int N)
       }
 }
 
+// The host side of v9's layout, for matrices [M][K/2][N]: lane (g, t)'s
+// word j of chunk c holds, as nibbles r and r + 4, the two k of a[r] of
+// mma j: column 16 g + 2 j + (r & 1), k = 16 c + 2 t + 8 (r >> 1) + {0, 1}.
+static void repack_for_v9(const uint8_t* src, uint8_t* dst, int M, int K, int N) {
+  const int tiles = N / TILE, nch = K / CHUNK;
+  for (int m = 0; m < M; ++m)
+    for (int tile = 0; tile < tiles; ++tile)
+      for (int c = 0; c < nch; ++c)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, t = lane & 3;
+          uint32_t* out = reinterpret_cast<uint32_t*>(dst + (((size_t(m) * tiles + tile) * nch + c) * 32 + lane) * 32);
+          for (int j = 0; j < 8; ++j) {
+            uint32_t w = 0;
+            for (int r = 0; r < 4; ++r) {
+              const int n = tile * TILE + 16 * g + 2 * j + (r & 1), kp = 8 * c + t + 4 * (r >> 1);  // k pair
+              const uint8_t byte = src[(size_t(m) * (K / 2) + kp) * N + n];
+              w |= uint32_t(byte & 15) << (4 * r) | uint32_t(byte >> 4) << (4 * r + 16);
+            }
+            out[j] = w;
+          }
+        }
+}
+
 // ---- host ------------------------------------------------------------------------
 using ktune::bf16_to_float;
 using ktune::float_to_bf16;
@@ -711,7 +776,7 @@ struct Case {
   int M, K, N, S;
 };
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const Case cases[] = {{"one qkvg phase (2304 x 16384)", 1, 2304, 16384, 1},
@@ -747,6 +812,8 @@ int main() {
   CHECK(cudaMemcpy(dw, hw.data(), wbytes, cudaMemcpyHostToDevice));
   uint8_t* dwrep;  // v8's repacked copy, rewritten for each case's shape
   CHECK(cudaMalloc(&dwrep, wbytes));
+  uint8_t* dwfrag;  // v9's, likewise
+  CHECK(cudaMalloc(&dwfrag, wbytes));
   std::vector<uint8_t> hrep(wbytes);
   CHECK(cudaMemcpy(ds, hs.data(), sbytes, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dz, hz.data(), sbytes, cudaMemcpyHostToDevice));
@@ -773,6 +840,12 @@ int main() {
     int ring_bytes = 0;  // v3: its stages (plus barriers and alignment below)
   };
   const Version versions[] = {
+      {"v9 U2 frag", v6_scales_ahead<2, 0, true, true, 1>, 256, 0},
+      {"v9 U4 frag", v6_scales_ahead<4, 0, true, true, 1>, 256, 0},
+      {"v9 U2 frag umulhi", v6_scales_ahead<2, 0, true, true, 2>, 256, 0},
+      {"v9 U2 frag, no loads at all", v6_scales_ahead<2, 2, true, true, 1>, 256, 0, 0, false},
+      {"v9 U2 frag umulhi, no loads", v6_scales_ahead<2, 2, true, true, 2>, 256, 0, 0, false},
+      {"v9 U2 frag, 16 warps", v6_scales_ahead<2, 0, true, true, 1>, 512, 0},
       {"v8 warp ring 4 x 4 KB", v8_warp_ring<4, 4>, 256, 0, 0, true, 8 * 4 * 4 * 1024 + 8 * 4 * 8},
       {"v8 warp ring 6 x 4 KB", v8_warp_ring<6, 4>, 256, 0, 0, true, 8 * 6 * 4 * 1024 + 8 * 6 * 8},
       {"v8 warp ring 3 x 8 KB", v8_warp_ring<3, 8>, 256, 0, 0, true, 8 * 3 * 8 * 1024 + 8 * 3 * 8},
@@ -828,6 +901,8 @@ int main() {
     // Host reference for matrix 0 (the same dequant, in double).
     repack_for_v8(hw.data(), hrep.data(), cs.M, cs.K, cs.N);
     CHECK(cudaMemcpy(dwrep, hrep.data(), size_t(cs.M) * cs.K / 2 * cs.N, cudaMemcpyHostToDevice));
+    repack_for_v9(hw.data(), hrep.data(), cs.M, cs.K, cs.N);
+    CHECK(cudaMemcpy(dwfrag, hrep.data(), size_t(cs.M) * cs.K / 2 * cs.N, cudaMemcpyHostToDevice));
     std::vector<double> ref(cs.N, 0.0);
     for (int k = 0; k < cs.K; ++k) {
       const double xv = bf16_to_float(hx[k]);
@@ -840,7 +915,11 @@ int main() {
       }
     }
     for (const Version& v : versions) {
-      Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan, dwrep};
+      // Arguments: run only the versions whose names start with one of them.
+      bool wanted = argc < 2;
+      for (int i = 1; i < argc; ++i) wanted = wanted || std::strncmp(v.name, argv[i], std::strlen(argv[i])) == 0;
+      if (!wanted) continue;
+      Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan, dwrep, dwfrag};
       const int warps = v.threads / 32;
       const bool stream = v.kernel == v0_stream<4> || v.kernel == v0_stream<8> || v.kernel == v0_stream<16>;
       const size_t smem = stream ? 0
