@@ -129,7 +129,7 @@ TEST_SUITE("gpu") {
       if (ev.load(cubin, &m)) ev.validate(cases, max_launches, &m);
       return m;
     };
-    for (const json& knobs : {json::object(), json{{"blocks_per_sm", 2}, {"threads", 128}, {"barrier", "counter"}},
+    for (const json& knobs : {json::object(), json{{"blocks_per_sm", 2}, {"threads", 128}, {"barrier", "counter"}, {"attn_rows", 16}},
                               json{{"unroll", 8}, {"waves", 2}, {"load_hint", "plain"}, {"prefetch", 0}, {"stages", 0}},
                               json{{"attn_heads", 32}, {"dequant", "fma"}, {"stages", 6}}}) {
       agent::Measurement m = validate(build_cuda(cfg, "kimi-mega-cuda", knobs), 1);

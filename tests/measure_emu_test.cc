@@ -171,7 +171,7 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 across knobs") {
   golden_through_emu("kimi-top8.safetensors", {{"early", 0}, {"barrier", "atomic"}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn", "mma"}, {"attn_heads", 4}, {"stages", 4}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"attn_heads", 4}, {"attn_rows", 32}});
-  golden_through_emu("kimi-top8.safetensors", {{"attn", "mma"}, {"blocks_per_sm", 2}});
+  golden_through_emu("kimi-top8.safetensors", {{"attn", "mma"}, {"blocks_per_sm", 2}, {"attn_rows", 16}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 512}, {"waves", 4}, {"scales", "smem"}, {"unroll", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"sched", "dynamic"}, {"waves", 4}, {"lead", 1}});
   golden_through_emu("kimi-top8.safetensors", {{"lead", 1}, {"stages", 2}, {"early", 1}, {"threads", 128}});
@@ -321,6 +321,6 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   compare_attention(32, 512, {{"threads", 128}, {"attn_heads", 32}, {"attn", "mma"}});
   compare_attention(32, 512, {{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}});
   compare_attention(32, 512, {{"threads", 512}, {"attn_heads", 8}, {"attn", "mma"}});
-  compare_attention(32, 512, {{"threads", 256}, {"attn_heads", 16}, {"attn", "mma"}, {"blocks_per_sm", 2}});
+  compare_attention(32, 512, {{"threads", 256}, {"attn_heads", 16}, {"attn", "mma"}, {"blocks_per_sm", 2}, {"attn_rows", 16}});
   compare_attention(2, 128, {{"threads", 512}, {"attn", "mma"}});
 }

@@ -1146,7 +1146,7 @@ struct Mla1Phase : PhaseDefaults {
 // packed row, 16 columns per lane, QA_TRIPS packed rows each, all their
 // loads issued before the first is used. With 64 latent rows per item the
 // phase was two rounds of items on 132 blocks, two dependent DRAM round
-// trips (RESULTS, run 69).
+// trips (RESULTS, runs 68-69).
 constexpr int QA_PAIRS = 64, QA_TRIPS = cdiv(QA_PAIRS, WARPS * 4);  // packed rows per item; per 8 lanes
 KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
   static_assert((R / 2) % QA_PAIRS == 0 && G == 2 * QA_PAIRS, "q_abs items: one quantization group each");
@@ -1377,7 +1377,7 @@ struct WuvPhase : PhaseDefaults {
   // and split the chunks. Each thread issues its chunks' partial sums
   // (16-byte loads, up to kWuvLoads) before the block's max and sum over m
   // and l, whose loads are issued together too, so the stage pays about one
-  // L2 round trip, not one per step (RESULTS, run 69: the stage had been
+  // L2 round trip, not one per step (RESULTS, runs 68-69: the stage had been
   // ~6 us of the phase's 11).
   static constexpr int kWuvLoads = 12;
   KT_DEV void stage(Ctx& c, int h, int kc0, int kc1) {
