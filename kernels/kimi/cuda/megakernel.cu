@@ -858,29 +858,7 @@ struct ItemMap {
   }
 };
 
-// Prefetches into L2 the weight rows of one item and their groups' scales
-// and zeros (each row of a tile is TILE bytes; both ends, in case it
-// straddles two lines).
-template <class P>
-KT_DEV void prefetch_item(Ctx& c, P& p, const Item& item) {
-  const int segc = p.seg_chunks(item.tile);
-  for (int kp = item.kc0 * 8 + c.tid; kp < item.kc1 * 8; kp += THREADS) {
-    const int s = kp / (segc * 8), lp = kp % (segc * 8);
-    const Seg sg = p.seg(item.tile, s);
-    const uint8_t* row = sg.wq + size_t(lp) * sg.N + sg.n0;
-    kt_prefetch_l2(row);
-    kt_prefetch_l2(row + TILE - 1);
-    if (lp % (G / 2) == 0 || kp == item.kc0 * 8) {  // the row opens a group (or the item)
-      const size_t off = size_t(lp / (G / 2)) * sg.N + sg.n0;
-      kt_prefetch_l2(sg.sc + off);
-      kt_prefetch_l2(sg.sc + off + TILE - 1);
-      kt_prefetch_l2(sg.ze + off);
-      kt_prefetch_l2(sg.ze + off + TILE - 1);
-    }
-  }
-}
-
-// KT_PREFETCH: every item of phase p this block will take.
+// Prefetches into L2 the weight rows this block will read in phase p.
 template <class P>
 KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
@@ -888,7 +866,16 @@ KT_DEV void prefetch_phase(Ctx& c, P& p) {
   for (int it = int(blockIdx.x); it < map.items; it += gridDim.x) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
-    if (p.static_weights(item.tile)) prefetch_item(c, p, item);
+    const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1;
+    if (!p.static_weights(tile)) continue;
+    const int segc = p.seg_chunks(tile);
+    for (int kp = kc0 * 8 + c.tid; kp < kc1 * 8; kp += THREADS) {
+      const int s = kp / (segc * 8), lp = kp % (segc * 8);
+      const Seg sg = p.seg(tile, s);
+      const uint8_t* row = sg.wq + size_t(lp) * sg.N + sg.n0;
+      kt_prefetch_l2(row);
+      kt_prefetch_l2(row + TILE - 1);
+    }
   }
 #else
   (void)c;
