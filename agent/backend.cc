@@ -1,5 +1,6 @@
 #include "agent/backend.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -60,6 +61,20 @@ sandbox::BuildRequest BackendSpec::build_request(const std::string& source) cons
     r.source_name = "variant.cu";
     r.artifact_name = "variant.cubin";
     r.command = {nvcc, "-arch=sm_90", "-O3", "-cubin", "-lineinfo", "-Xptxas", "-v", "-o", "{out}", "{src}"};
+    // KTUNE_CUDA_LINK=separate: separate compilation (-rdc), then nvlink.
+    // Every out-of-line device function is then compiled to the standard
+    // calling convention, so its instruction schedule depends on its own
+    // source only. Compiled as one program (the default, and faster), the
+    // shared GEMV loop is rescheduled whenever any other part of the kernel
+    // changes, which moves the timed step by up to 10 us; comparing two
+    // kernel changes under `separate` tells their own effect (RESULTS, runs 83-84).
+    if (const char* link = std::getenv("KTUNE_CUDA_LINK"); link && std::string(link) == "separate") {
+      const std::string nvlink = nvcc.substr(0, nvcc.size() - 4) + "nvlink";  // beside nvcc (find_nvcc: ".../nvcc")
+      r.command = {"sh", "-c",
+                   "\"$0\" -arch=sm_90 -O3 -rdc=true -cubin -lineinfo -Xptxas -v -o \"{out}.o\" \"{src}\" && "
+                   "\"$1\" -arch=sm_90 -o \"{out}\" \"{out}.o\"",
+                   nvcc, nvlink};
+    }
     r.compiler_id = compiler_id(nvcc);
     r.memory_bytes = 0;  // nvcc's children map more than an RLIMIT_AS allows for
   } else {

@@ -64,3 +64,34 @@ TEST_CASE("all CUDA kernels compile for sm_90") {
   }
   std::printf("compiled %d CUDA kernels for sm_90\n", built);
 }
+
+TEST_CASE("KTUNE_CUDA_LINK=separate builds the megakernel by separate compilation and nvlink") {
+  setenv("KTUNE_CUDA_LINK", "separate", 1);
+  agent::BackendSpec spec;
+  std::string err;
+  const bool have = agent::backend_spec("cuda", &spec, &err);
+  if (!have) {
+    unsetenv("KTUNE_CUDA_LINK");
+    MESSAGE("SKIPPED (no CUDA toolkit): " << err);
+    return;
+  }
+  kimi::KimiConfig cfg;
+  REQUIRE(kimi::KimiConfig::preset("full", &cfg, &err));
+  agent::Variant v;
+  REQUIRE_MESSAGE(agent::render_variant(cfg, spec, *kimi::find_template("kimi-mega-cuda"), {}, "", &v, &err), err);
+  sandbox::BuildRequest req = spec.build_request(v.source);
+  unsetenv("KTUNE_CUDA_LINK");
+  sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  sandbox::BuildResult r = cache.build(req);
+  INFO(r.log.substr(0, 3000));
+  REQUIRE(r.ok);
+  // nvlink's output is a linked (ET_EXEC) cubin the driver loads as it is;
+  // nvcc -rdc alone leaves a relocatable one (ET_REL).
+  std::string cubin;
+  REQUIRE(read_file(r.artifact, &cubin, &err));
+  REQUIRE(cubin.size() > 18);
+  CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+  CHECK(static_cast<unsigned char>(cubin[16]) == 2);
+  // The build is keyed by its command: the default (one program) is another build.
+  CHECK(spec.build_request(v.source).command != req.command);
+}

@@ -131,7 +131,8 @@ TEST_SUITE("gpu") {
     };
     for (const json& knobs : {json::object(), json{{"blocks_per_sm", 2}, {"threads", 128}, {"barrier", "counter"}, {"attn_rows", 16}},
                               json{{"unroll", 8}, {"waves", 2}, {"load_hint", "plain"}, {"prefetch", 0}, {"stages", 0}},
-                              json{{"attn_heads", 32}, {"dequant", "fma"}, {"stages", 6}}}) {
+                              json{{"attn_heads", 32}, {"dequant", "fma"}, {"stages", 6}},
+                              json{{"kda_start", "heads"}, {"handoff", "fence"}}}) {
       agent::Measurement m = validate(build_cuda(cfg, "kimi-mega-cuda", knobs), 1);
       std::printf("gpu small %s: %s %s launches %d\n", knobs.dump().c_str(), m.outcome.c_str(), m.error.c_str(),
                   m.launches);

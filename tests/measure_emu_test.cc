@@ -138,6 +138,10 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
                                                {"scales", "smem"}, {"unroll", 4}});
   golden_through_emu("kimi-top8.safetensors", {{"attn", "fma"}, {"attn_heads", 16}, {"cache_hint", "plain"}});
   golden_through_emu("kimi-top8.safetensors", {{"prefetch", 1}, {"attn_rows", 16}});
+  // KDA items started by per-head counters: published by release atomics,
+  // then by fences (k-split q,k,v,g tiles finished by whichever block ends last).
+  golden_through_emu("kimi-top8.safetensors", {{"kda_start", "heads"}});
+  golden_through_emu("kimi-top8.safetensors", {{"kda_start", "heads"}, {"handoff", "fence"}, {"threads", 128}});
 }
 
 TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with k-splits priced per block") {

@@ -63,6 +63,9 @@ KnobSpace cuda_mega_space() {
       {"handoff", "KT_HANDOFF", {"fence", "acq_rel"}, "acq_rel",
        "a k-split item's partial sums and the router's logits: published by a fence and an atomic, or by "
        "one release (acquire-release) atomic after the block barrier"},
+      {"kda_start", "KT_KDA_START", {"barrier", "heads"}, "barrier",
+       "K layers: the KDA update starts after a grid barrier, or each item as soon as its head's q, k, v, g "
+       "tiles and beta are published (per-head counters; the state's rows load while it waits)"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   s.constraint = [](const json& p, std::string* why) {

@@ -52,7 +52,9 @@
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and the router's logits,
 // published by a fence and an atomic, or by one release / acquire-release
-// atomic).
+// atomic), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
+// KDA item starts once its head's q, k, v, g tiles and beta are published,
+// per-head counters instead of the barrier).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -82,6 +84,7 @@ static_assert(E <= 64 * 4, "experts");
 static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
+static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -89,6 +92,7 @@ struct alignas(16) Scratch {
   unsigned pad[14];
   int counters[kMaxTiles];
   unsigned router_done[KT_LAYERS];  // router logits written, per layer (reset when the launch ends)
+  unsigned head_ready[KT_LAYERS][KH];  // KT_KDA_START 1: a head's q, k, v, g tiles and beta published (likewise)
   unsigned next_item[kMaxGemvPhases];  // KT_SCHED 1: items taken beyond the first wave, per GEMV phase (reset likewise)
   alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
   alignas(16) uint16_t hbuf[D];     // after attention, before the MoE
@@ -220,6 +224,26 @@ KT_DEV void barrier(Ctx& c) {
 }
 
 // ---- small block-wide helpers -------------------------------------------------------
+// Thread 0 adds v to a counter that other blocks wait on, after the block's
+// writes (call after a block barrier: cumulativity, as in a grid sync).
+// KT_HANDOFF 1: one release atomic; 0: a fence, then a relaxed atomic.
+KT_DEV void publish(Ctx& c, unsigned* counter, unsigned v) {
+  if (c.tid != 0) return;
+#if KT_HANDOFF == 1
+  kt_red_release_add(counter, v);
+#else
+  __threadfence();
+  atomicAdd(counter, v);
+#endif
+}
+
+// Waits until a counter that publish() adds to reaches `target`.
+KT_DEV void wait_for(Ctx& c, const unsigned* counter, unsigned target) {
+  if (c.tid == 0)
+    while (kt_ld_acquire(counter) < target) __nanosleep(32);
+  __syncthreads();
+}
+
 KT_DEV float block_sum(Ctx& c, float v) {
   v = kt_warp_sum(v);
   __syncthreads();
@@ -818,6 +842,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   __syncthreads();
   p.epilogue(c, tile, c.sm->ytile);
   __syncthreads();
+  p.after_epilogue(c, tile);
   if (first) stamp(c, c.layer, kPhaseItemDone);
 }
 
@@ -987,6 +1012,7 @@ struct PhaseDefaults {
   KT_DEV void row_item(Ctx&, int) {}
   KT_DEV void stage(Ctx&, int, int, int) {}
   KT_DEV void before_tile(Ctx&, int) {}
+  KT_DEV void after_epilogue(Ctx&, int) {}
   KT_DEV bool static_weights(int) const { return true; }
 };
 
@@ -1009,6 +1035,19 @@ struct QkvgPhase : PhaseDefaults {
       float v = row_dot(c, L.beta + size_t(h) * D);
       if (c.lane == 0) c.s->beta_raw[h] = kt_f2bf(v);
     }
+#if KT_KDA_START == 1
+    __syncthreads();
+    for (int hh = item * WARPS; hh < imin(KH, (item + 1) * WARPS); ++hh) publish(c, &c.s->head_ready[layer][hh], 1u);
+#endif
+  }
+  // KT_KDA_START 1: tile t of q, k, v or g is head t % KH's (TILE == KD).
+  KT_DEV void after_epilogue(Ctx& c, int tile) {
+#if KT_KDA_START == 1
+    publish(c, &c.s->head_ready[layer][tile % (C / TILE)], 1u);
+#else
+    (void)c;
+    (void)tile;
+#endif
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     const int m = tile / (C / TILE), n0 = (tile % (C / TILE)) * TILE;
@@ -1032,11 +1071,23 @@ struct QkvgPhase : PhaseDefaults {
 };
 
 // One item: head h, value columns [32 jc, 32 jc + 32).
-KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L) {
+// The state's rows are loaded first: they do not depend on this step, so with
+// KT_KDA_START 1 their round trip overlaps the wait for the head's inputs
+// (q, k, v, g: four tiles of the q,k,v,g phase, and beta).
+KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
   constexpr int RPW = KD / WARPS;  // key rows per warp
   const int items = KH * (KD / 32);
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int h = it / (KD / 32), j = (it % (KD / 32)) * 32 + c.lane;
+    float* S = L.S + size_t(h) * KD * KD;
+    float sv[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) sv[r] = S[size_t(c.warp * RPW + r) * KD + j];
+#if KT_KDA_START == 1
+    wait_for(c, &c.s->head_ready[layer][h], 5u);  // q, k, v, g and beta
+#else
+    (void)layer;
+#endif
     if (c.tid < KD) {
       const int i = c.tid;
       c.sm->kq[i] = kt_bf2f(kt_ld_cg(&c.s->act[1][h * KD + i]));
@@ -1045,13 +1096,11 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L) {
     }
     __syncthreads();
     const float beta = kt_sigmoid(kt_bf2f(kt_ld_cg(&c.s->beta_raw[h])));
-    float* S = L.S + size_t(h) * KD * KD;
-    float sv[RPW];
     float pred = 0;
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const int i = c.warp * RPW + r;
-      sv[r] = S[size_t(i) * KD + j] * c.sm->dec[i];
+      sv[r] *= c.sm->dec[i];
       pred += sv[r] * c.sm->kq[i];
     }
     c.sm->part[0][c.warp][c.lane] = pred;
@@ -1531,14 +1580,7 @@ struct MoeAPhase : PhaseDefaults {
       if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
     }
     __syncthreads();
-    if (c.tid == 0) {  // publishes the block's logits (KT_HANDOFF as in gemv_item)
-#if KT_HANDOFF == 1
-      kt_red_release_add(&c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
-#else
-      __threadfence();
-      atomicAdd(&c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
-#endif
-    }
+    publish(c, &c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
     if (tile >= SHARED_TILES) route(c);
@@ -1546,9 +1588,7 @@ struct MoeAPhase : PhaseDefaults {
   // Waits for the router logits, then selects this layer's experts (once).
   KT_DEV void route(Ctx& c) {
     if (c.routed) return;
-    if (c.tid == 0)
-      while (kt_ld_acquire(&c.s->router_done[layer]) < unsigned(E)) __nanosleep(32);
-    __syncthreads();
+    wait_for(c, &c.s->router_done[layer], unsigned(E));
     select_experts(c, layer);
     c.routed = true;
   }
@@ -1691,9 +1731,9 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       stamp(c, layer, 0);
       stage_rmsnorm(c, x, Ly.attn_norm);
       run_gemv_phase(c, qkvg);
-      barrier(c);
+      if (KT_KDA_START == 0) barrier(c);
       stamp(c, layer, 1);
-      kda_phase(c, L);
+      kda_phase(c, L, layer);
       oproj_phase(c, layer, L.o, C, c.s->kda_o, x);
     } else {
       const KtMlaLayer& L = Ly.mla;
@@ -1726,6 +1766,10 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
   __syncthreads();
   if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
     for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
+#if KT_KDA_START == 1
+    for (int l = 0; l < KT_LAYERS; ++l)
+      for (int h = 0; h < KH; ++h) c.s->head_ready[l][h] = 0;  // no block reads them any more
+#endif
     for (int i = 0; i < kMaxGemvPhases; ++i) atomicExch(&c.s->next_item[i], 0u);
 #if KT_BARRIER == 2
     atomicExch(&c.s->bar.count, 0u);
