@@ -1,5 +1,6 @@
 #include "agent/bench.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <future>
 #include <map>
@@ -179,6 +180,65 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   }
 }
 
+// Which blocks a phase waits for: per grid barrier (named by block 0's
+// barrier point before it), the mean over profiled steps of how long the
+// median block and the first block waited for the last one, and the block
+// that was last most often. A wide spread with one block always last is a
+// slow item; a wide spread with the last block changing is the memory
+// system's noise, which only smaller or dynamically taken items absorb.
+void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
+  struct Barrier {
+    int key = 0;
+    double median_wait = 0, spread = 0;
+    std::map<int, int> last;  // block -> steps it was last
+    int runs = 0;
+  };
+  bool any = false;
+  for (const json& p : profiles) {
+    std::vector<Barrier> bars;
+    for (const json& r : p["runs"]) {
+      const json& st = r["stamps"];
+      const json arr = r.value("arrivals", json::array());
+      std::vector<int> keys;  // block 0's barrier points, in order
+      for (const json& s : st) {
+        const int tag = s[0].get<int>();
+        if (tag >= 1024 && (tag - 1024) % 16 == 12) keys.push_back((tag - 1024) / 16);
+      }
+      for (size_t k = 0; k < arr.size() && k < keys.size(); ++k) {
+        if (bars.size() <= k) bars.resize(k + 1);
+        Barrier& b = bars[k];
+        const double first = double(arr[k][0].get<uint64_t>()), median = double(arr[k][1].get<uint64_t>()),
+                     last = double(arr[k][2].get<uint64_t>());
+        b.key = keys[k];
+        b.median_wait += (last - median) / 1000.0;
+        b.spread += (last - first) / 1000.0;
+        b.last[arr[k][3].get<int>()]++;
+        b.runs++;
+      }
+    }
+    if (bars.empty()) continue;
+    if (!any)
+      std::printf("\nblocks' arrival at each grid barrier (us, mean over profiled steps): how long the median and the\n"
+                  "first block waited for the last one, and the block most often last (of how many steps)\n");
+    any = true;
+    std::printf("context %d\n%-6s %-42s %12s %12s %14s\n", p.value("context", 0), "layer", "phase before the barrier",
+                "median wait", "first wait", "last block");
+    double sum_median = 0, sum_spread = 0;
+    for (const Barrier& b : bars) {
+      if (b.runs == 0) continue;
+      const int layer = b.key / 16, ph = b.key % 16;
+      std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
+      auto most = std::max_element(b.last.begin(), b.last.end(),
+                                   [](const auto& x, const auto& y) { return x.second < y.second; });
+      std::printf("%-6s %-42s %12.2f %12.2f %8d (%d/%d)\n", lname.c_str(), kPhaseNames[std::min(ph, kLastPhase)],
+                  b.median_wait / b.runs, b.spread / b.runs, most->first, most->second, b.runs);
+      sum_median += b.median_wait / b.runs;
+      sum_spread += b.spread / b.runs;
+    }
+    std::printf("%-6s %-42s %12.2f %12.2f\n", "all", "(sum over the barriers)", sum_median, sum_spread);
+  }
+}
+
 }  // namespace
 
 int run_probe(const std::string& backend, const std::string& size, const std::string& runner) {
@@ -353,6 +413,7 @@ int run_bench(const BenchOptions& o) {
     results["profiles"].push_back({{"variant", r.name}, {"knobs", r.v.knobs}, {"profiles", pr.body["profiles"]}});
     std::printf("\n%s %s", r.name.c_str(), r.v.knobs.dump().c_str());
     print_profile(pr.body["profiles"], b.cfg);
+    print_arrivals(pr.body["profiles"], b.cfg);
   }
   if (!o.json_out.empty()) {
     std::string e;

@@ -7,6 +7,7 @@
 #include "base/fs.h"
 #include "base/tensor.h"
 #include "measure/backend_hostmem.h"
+#include "measure/profile_trace.h"
 #include "measure/runner_backend.h"
 #include "measure/validate.h"
 
@@ -97,11 +98,11 @@ struct Runner {
   }
 
   // Steps with a trace buffer: each sample's (tag, time) stamps, as written
-  // by a profiled variant (KT_PROFILE).
+  // by a profiled variant (KT_PROFILE), and the blocks' barrier arrivals.
   json profile(const json& req, bool* fatal) {
     int warmup = req.value("warmup", 3), samples = req.value("samples", 10);
     uint64_t seed = req.value("seed", 1234567);
-    const size_t words = 1 + 2 * 512;
+    const size_t words = profile_trace_words();
     std::string err;
     if (!backend->set_trace(words, &err)) return failure("launch_error", err);
     json out = json::array();
@@ -118,9 +119,7 @@ struct Runner {
         }
         std::vector<uint64_t> t;
         if (i < warmup || !backend->read_trace(&t, &err)) continue;
-        json stamps = json::array();
-        for (uint64_t k = 0; k < t[0] && 2 + 2 * k < t.size(); ++k) stamps.push_back({t[1 + 2 * k], t[2 + 2 * k]});
-        runs.push_back({{"us", s.us}, {"stamps", stamps}});
+        runs.push_back({{"us", s.us}, {"stamps", trace_stamps(t)}, {"arrivals", barrier_arrivals(t)}});
       }
       out.push_back({{"context", context}, {"runs", runs}});
     }

@@ -11,8 +11,11 @@
 //   {"op":"time","contexts":[[L,steps],...],"warmup":W,"samples":N,"seed":S}
 //        -> {"ok":true,"timings":[{"context":L,"steps":s,"warmup":W,"samples_us":[...]}]}
 //   {"op":"profile","contexts":[[L,steps],...],"warmup":W,"samples":N}
-//        -> {"ok":true,"profiles":[{"context":L,"runs":[{"us":T,"stamps":[[tag,ns],...]}]}]}
-//           (the stamps a profiled variant wrote into args.trace, one list per step)
+//        -> {"ok":true,"profiles":[{"context":L,"runs":[{"us":T,"stamps":[[tag,ns],...],
+//                                                         "arrivals":[[first,median,last,block],...]}]}]}
+//           (the stamps a profiled variant wrote into args.trace, one list per step; per grid
+//           barrier, the ns at which the first, the median and the last block arrived, and
+//           which block was last)
 //   {"op":"quit"}
 //
 // A failure is {"ok":false,"outcome":"launch_error"|"device_fault","error":TEXT}.

@@ -18,6 +18,7 @@
 #include "kernels/kimi/templates.h"
 #include "measure/backend_hostmem.h"
 #include "measure/golden_check.h"
+#include "measure/profile_trace.h"
 #include "measure/validate.h"
 #include "sandbox/build_cache.h"
 
@@ -49,19 +50,32 @@ std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, cons
   return r.artifact;
 }
 
-void golden_through_emu(const std::string& file, const json& knobs, const std::string& tmpl = "kimi-mega-cuda") {
+// Loads a golden file; false, with a visible message, when the vectors are
+// not found.
+bool load_golden(const std::string& file, kimi::GoldenFile* g) {
   std::string dir = kimi::find_golden_dir();
   if (dir.empty()) {
     MESSAGE("SKIPPED: golden vectors not found (set KTUNE_GOLDEN_DIR)");
-    return;
+    return false;
   }
-  kimi::GoldenFile g;
   std::string err;
-  REQUIRE_MESSAGE(g.load(dir + "/" + file, &err), err);
-  std::string so = build_emu(g.weights.cfg, tmpl, knobs);
-  measure::EmuBackend be(g.weights.cfg);
+  REQUIRE_MESSAGE(g->load(dir + "/" + file, &err), err);
+  return true;
+}
+
+// Gives the emulator backend the golden file's weights and the variant built at `so`.
+void start_emu(measure::EmuBackend& be, const kimi::GoldenFile& g, const std::string& so) {
+  std::string err;
   REQUIRE_MESSAGE(be.init(g.weights, 512, &err), err);
   REQUIRE_MESSAGE(be.load(so, &err), err);
+}
+
+void golden_through_emu(const std::string& file, const json& knobs, const std::string& tmpl = "kimi-mega-cuda") {
+  kimi::GoldenFile g;
+  if (!load_golden(file, &g)) return;
+  std::string err, so = build_emu(g.weights.cfg, tmpl, knobs);
+  measure::EmuBackend be(g.weights.cfg);
+  start_emu(be, g, so);
   kimi::GoldenOptions opts;
   opts.experts_as_set = true;
   opts.refeed = true;
@@ -142,6 +156,56 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   // then by fences (k-split q,k,v,g tiles finished by whichever block ends last).
   golden_through_emu("kimi-top8.safetensors", {{"kda_start", "heads"}});
   golden_through_emu("kimi-top8.safetensors", {{"kda_start", "heads"}, {"handoff", "fence"}, {"threads", 128}});
+  // The lean GEMV loop: clamped unpredicated loads, the edge tiles' lanes
+  // streaming column 0 with zeroed scales (kimi-top8's kv_a has a partial
+  // tile), on the mma and the fma dequant, at unroll 2 and 4.
+  golden_through_emu("kimi-top8.safetensors", {{"gemv_code", "lean"}});
+  golden_through_emu("kimi-top8.safetensors",
+                     {{"gemv_code", "lean"}, {"unroll", 4}, {"dequant", "fma"}, {"threads", 128}});
+  // 12 warps: KDA key rows split 11 per warp (the last warp's 7), the mma
+  // attention's latent dims over 8 of the warps.
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 384}, {"gemv_code", "lean"}});
+  golden_through_emu("kimi-top8.safetensors", {{"threads", 384}, {"attn", "fma"}, {"kda_start", "heads"}});
+}
+
+TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {
+  kimi::GoldenFile g;
+  if (!load_golden("kimi-tiny.safetensors", &g)) return;
+  const kimi::KimiConfig& cfg = g.weights.cfg;
+  std::string err, so = build_emu(cfg, "kimi-mega-cuda", {{"threads", 128}, {"profile", 1}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  measure::EmuBackend be(cfg);
+  start_emu(be, g, so);
+  REQUIRE_MESSAGE(be.set_trace(measure::profile_trace_words(), &err), err);
+  REQUIRE_MESSAGE(be.put_state(kimi::make_state(cfg, 1, 5, 512), kimi::make_token(cfg, 1), &err), err);
+  REQUIRE(be.step(5, false).ok);
+  std::vector<uint64_t> t;
+  REQUIRE_MESSAGE(be.read_trace(&t, &err), err);
+  unsetenv("KTUNE_EMU_SMS");
+  // One arrival record per barrier block 0 stamped, each from all 3 blocks.
+  size_t barriers = 0;
+  for (const json& s : measure::trace_stamps(t)) {
+    const int tag = s[0].get<int>();
+    barriers += tag >= 1024 && (tag - 1024) % 16 == 12;
+  }
+  json arrivals = measure::barrier_arrivals(t);
+  CHECK(barriers >= 4 * 4);  // at least four barriers per layer
+  REQUIRE(arrivals.size() == barriers);
+  uint64_t previous_last = 0;
+  for (const json& a : arrivals) {
+    const uint64_t first = a[0], median = a[1], last = a[2];
+    CHECK(first <= median);
+    CHECK(median <= last);
+    CHECK(first >= previous_last);  // nobody arrives before everyone left the previous barrier
+    CHECK(a[3].get<int>() >= 0);
+    CHECK(a[3].get<int>() < 3);
+    previous_last = last;
+  }
+  for (size_t k = 0; k < barriers; ++k) {
+    int stamped = 0;
+    for (int b = 0; b < 512; ++b) stamped += t[1024 + k * 512 + b] != 0;
+    CHECK(stamped == 3);
+  }
 }
 
 TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with k-splits priced per block") {

@@ -13,7 +13,7 @@ namespace {
 KnobSpace cuda_mega_space() {
   KnobSpace s;
   s.knobs = {
-      {"threads", "KT_THREADS", {128, 256, 512}, 256, "threads per block (4, 8 or 16 warps)"},
+      {"threads", "KT_THREADS", {128, 256, 384, 512}, 256, "threads per block (4, 8, 12 or 16 warps)"},
       {"blocks_per_sm", "KT_BLOCKS_PER_SM", {1, 2}, 1,
        "co-resident blocks per SM; 2 halves the register budget per thread"},
       {"barrier", "KT_BARRIER", {"atomic", "coop", "counter"}, "counter",
@@ -51,9 +51,11 @@ KnobSpace cuda_mega_space() {
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
-      {"gemv_code", "KT_GEMV_CODE", {"inline", "shared"}, "shared",
+      {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
-       "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment)"},
+       "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
+       "or one out-of-line lean copy (no zeroed or predicated loads: chunks past a warp's range clamped to "
+       "its last; scales one group ahead; needs pipeline 1 and scales ahead)"},
       {"split_cost", "KT_SPLIT_COST", {"rounds", "blocks"}, "blocks",
        "how a phase's k-split is chosen: rounds of equal items x an item's cost, or each block's items "
        "summed with row items and lead tiles at their own smaller cost"},
@@ -81,6 +83,12 @@ KnobSpace cuda_mega_space() {
     // Three 32-row tiles and their scores need ~136 KB of shared memory; two blocks do not fit on an SM.
     if (p["attn"].get<std::string>() == "mma" && p["attn_rows"].get<int>() == 32 && p["blocks_per_sm"].get<int>() > 1) {
       *why = "attn_rows 32 needs blocks_per_sm 1 (shared memory)";
+      return false;
+    }
+    // The lean loop is one shape: two batches in flight, scales one group ahead.
+    if (p["gemv_code"].get<std::string>() == "lean" &&
+        (p["pipeline"].get<int>() != 1 || p["scales"].get<std::string>() != "ahead")) {
+      *why = "gemv_code lean needs pipeline 1 and scales ahead";
       return false;
     }
     return true;

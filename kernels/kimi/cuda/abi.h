@@ -57,9 +57,21 @@ struct KimiDeviceArgs {
   int context;           // cached rows before this step = the new token's position
   int* topk_out;         // int [layers][n_active]: the routed experts, best first
   uint8_t* scratch;      // ktune_scratch_bytes of variant-owned memory, zeroed once at load
-  float* trace;          // nullptr, or a zeroed buffer for profile stamps (KT_PROFILE builds;
-                         // 64-bit words: [count, tag, ns, tag, ns, ...])
+  float* trace;          // nullptr, or a zeroed buffer of KT_TRACE_WORDS 64-bit words for profile
+                         // stamps (KT_PROFILE builds): [count, tag, ns, tag, ns, ...] for block 0's
+                         // points, then each block's arrival time at each grid barrier (below)
 };
+
+// The profile trace: block 0 writes up to KT_TRACE_STAMPS (tag, ns) pairs
+// after the count word; from word KT_TRACE_ARRIVALS on, block b's arrival at
+// the k-th grid barrier of the launch is at KT_TRACE_ARRIVALS + k *
+// KT_TRACE_MAX_BLOCKS + b (0: not written). The arrivals show which blocks
+// a phase waits for, which block 0's stamps alone cannot.
+#define KT_TRACE_STAMPS 511
+#define KT_TRACE_ARRIVALS 1024
+#define KT_TRACE_MAX_BARRIERS 64
+#define KT_TRACE_MAX_BLOCKS 512
+#define KT_TRACE_WORDS (KT_TRACE_ARRIVALS + KT_TRACE_MAX_BARRIERS * KT_TRACE_MAX_BLOCKS)
 
 // The arguments a launch-table entry adds (a kernel reused for several
 // operations reads which one from here).

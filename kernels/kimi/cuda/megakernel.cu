@@ -47,7 +47,8 @@
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
 // cut to fill the first wave; ItemMap), KT_GEMV_CODE (1: one out-of-line
-// copy of the register path's loop for every phase; gemv_segment_shared),
+// copy of the register path's loop for every phase; gemv_segment_shared;
+// 2: the same with fewer instructions per chunk, gemv_segment_lean),
 // KT_SPLIT_COST (how split_for prices a phase's small extra items),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and the router's logits,
@@ -69,6 +70,7 @@ constexpr int SLOTS = TOPK + NSH;  // experts evaluated per token and layer
 constexpr int THREADS = KT_THREADS, WARPS = THREADS / 32;
 constexpr int TILE = 128, CHUNK = 16;
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
@@ -78,7 +80,7 @@ constexpr float kQkScale = 0.07216878364870322f;  // 192^-0.5, for QH = 192 (che
 static_assert(THREADS % 32 == 0 && THREADS >= 128 && THREADS <= 1024, "threads");
 static_assert(KD == 128 && NOPE == 128 && VH == 128 && ROPE == 64, "head dims fixed by the kernel's lane maps");
 static_assert(G == 128, "group size 128");
-static_assert(KD % WARPS == 0 && THREADS >= TILE && THREADS >= KD, "kda item split");
+static_assert(THREADS >= TILE && THREADS >= KD, "kda item split");
 static_assert(R % 64 == 0 && MH % HG == 0, "latent dims");
 static_assert(E <= 64 * 4, "experts");
 static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
@@ -136,7 +138,10 @@ struct alignas(16) AttTile {
 constexpr int AM_ROWS = KT_ATTN_ROWS;  // cached rows per tile (16 or 32: two m16n8k16 row steps)
 constexpr int AM_STAGES = KT_BLOCKS_PER_SM == 1 ? (AM_ROWS == 16 ? 4 : 3) : 2;
 constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
-constexpr int AM_WD = WARPS < R / 16 && WARPS <= AM_WMAX ? WARPS : R / 16 < AM_WMAX ? R / 16 : AM_WMAX;
+// Warps that split the latent dims: a power of two, so the dims split evenly
+// (12 warps use 8; the others skip those steps).
+constexpr int pow2_floor(int x) { return x < 2 ? 1 : 2 * pow2_floor(x / 2); }
+constexpr int AM_WD = pow2_floor(cmin(WARPS, cmin(R / 16, AM_WMAX)));
 constexpr int AM_DW = R / AM_WD;
 constexpr int kRegBudget = 65536 / (THREADS * KT_BLOCKS_PER_SM) < 255 ? 65536 / (THREADS * KT_BLOCKS_PER_SM) : 255;
 constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
@@ -181,6 +186,7 @@ struct Ctx {
   int tid, lane, warp;
   unsigned target = 0;  // the counter barrier's next goal (thread 0)
   int stamp = 0;        // profile entries written
+  int barriers = 0;     // grid barriers passed (profile: each block's arrival times)
   int layer = 0, phase = 0;  // the phase stamped last (profile)
   int items = 0;        // GEMV items this block has finished in that phase
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
@@ -202,7 +208,7 @@ KT_DEV void stamp(Ctx& c, int layer, int phase) {
     c.phase = phase;
     c.items = 0;
   }
-  if (blockIdx.x == 0 && c.tid == 0 && c.a.trace && c.stamp < 511) {
+  if (blockIdx.x == 0 && c.tid == 0 && c.a.trace && c.stamp < KT_TRACE_STAMPS) {
     unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
     t[1 + 2 * c.stamp] = (unsigned long long)(point ? 1024 + (c.layer * 16 + c.phase) * 16 + phase : layer * 16 + phase);
     t[2 + 2 * c.stamp] = kt_globaltimer();
@@ -218,8 +224,23 @@ KT_DEV void stamp(Ctx& c, int layer, int phase) {
 KT_DEV int imin(int a, int b) { return a < b ? a : b; }
 KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+// Profile: every block's arrival (its last warp done with the phase).
+KT_DEV void stamp_arrival(Ctx& c) {
+#if KT_PROFILE
+  __syncthreads();
+  if (c.tid == 0 && c.a.trace && c.barriers < KT_TRACE_MAX_BARRIERS && blockIdx.x < KT_TRACE_MAX_BLOCKS) {
+    unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
+    t[KT_TRACE_ARRIVALS + c.barriers * KT_TRACE_MAX_BLOCKS + blockIdx.x] = kt_globaltimer();
+  }
+  ++c.barriers;
+#else
+  (void)c;
+#endif
+}
+
 KT_DEV void barrier(Ctx& c) {
   stamp(c, c.layer, kPhaseBarrier);
+  stamp_arrival(c);
   kt_grid_sync<KT_BARRIER>(&c.s->bar, &c.target);
 }
 
@@ -572,8 +593,110 @@ __device__ __noinline__ void gemv_segment_shared(Seg sg, int l0, int l1, const u
   }
 }
 
+// KT_GEMV_CODE 2, the lean loop: gemv_segment_shared's work (scales one
+// group ahead, KT_UNROLL chunks per batch, two batches in flight) with
+// fewer instructions around the dequant. Run 83's SASS of the shared loop
+// has ~263 instructions per chunk, 136 of them the dequant and the mma; the
+// rest computes predicated addresses, zeroes load registers, moves the
+// cache policy into uniform registers under each load's predicate, and
+// divides to find the group. Here no load has a predicate: chunk indices
+// past the warp's range are clamped to its last chunk (those loads are
+// never computed), and a lane past the matrix's last column (a tile at the
+// edge of kv_a's 576 columns) streams column 0 with its scales zeroed. A
+// chunk's address is one multiply-add from the lane's row pointer, and the
+// group changes at a chunk index kept in a register.
+struct LeanRows {
+  const uint8_t* a;  // the lane's row pair t of chunk 0 (16 columns)
+  const uint8_t* b;  // its row pair t + 4
+  uint32_t step;     // bytes per chunk, 8 row pairs
+  int last;          // the warp's last chunk
+};
+
+// Chunks past the warp's last are clamped to it: every load is issued and
+// in bounds, none is computed twice (lean_compute stops at l1). Skipping
+// them by a branch instead measured +26 us (run 95): ptxas then spilled at
+// the loop's call sites.
+KT_DEV void lean_load(const LeanRows& r, int l, uint4 (&wa)[U], uint4 (&wb)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t i = uint32_t(l + u < r.last ? l + u : r.last);
+    wa[u] = kt_ld_weights<KT_LOAD_HINT>(r.a + size_t(i) * r.step);
+    wb[u] = kt_ld_weights<KT_LOAD_HINT>(r.b + size_t(i) * r.step);
+  }
+}
+
+// The scales of the group that chunk lc opens take over (they were fetched
+// a group ahead), and the next group's are fetched.
+struct LeanScales {
+  RawScales ahead;
+  uint32_t ss[8], zz[8];
+  int next;  // the first chunk of the next group
+};
+
+KT_DEV void lean_enter_group(LeanScales& s, const Seg& sg, int col, uint32_t amask, int lc, int last_group) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    s.ss[i] = word_of(s.ahead.s[i / 4], i % 4) & amask;
+    s.zz[i] = kt_hsub2(word_of(s.ahead.z[i / 4], i % 4), 0xc300c300u);  // z - (-128), exact
+  }
+  const int grp = lc >> 3;  // STAGE_CHUNKS chunks per group (static_assert below)
+  s.ahead = fetch_scales(sg, grp < last_group ? grp + 1 : last_group, col, true);
+  s.next = (grp + 1) * STAGE_CHUNKS;
+}
+
+KT_DEV void lean_compute(const Seg& sg, int col, uint32_t amask, int l, int l1, int last_group, LeanScales& s,
+                         const uint4 (&wa)[U], const uint4 (&wb)[U], uint32_t bias, const uint32_t* xh,
+                         const uint32_t* xl, float (&acc)[16], float (&mma_acc)[8][4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int lc = l + u;
+    if (lc >= l1) break;
+    if (lc == s.next) lean_enter_group(s, sg, col, amask, lc, last_group);
+    chunk_compute(wa[u], wb[u], s.ss, s.zz, bias, xh, xl, lc, acc, mma_acc);
+  }
+}
+
+static_assert(STAGE_CHUNKS == 8, "lean_enter_group's shift");
+
+__device__ __noinline__ void gemv_segment_lean(Seg sg, int l0, int l1, const uint32_t* xh, const uint32_t* xl,
+                                               float* red_row) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const bool active = sg.n0 + 16 * g < sg.N;
+  const int col = active ? sg.n0 + 16 * g : 0;
+  const uint32_t amask = active ? ~0u : 0u;
+  LeanRows rows;
+  rows.a = sg.wq + col + size_t(t) * uint32_t(sg.N);
+  rows.b = rows.a + size_t(4) * uint32_t(sg.N);
+  rows.step = 8 * uint32_t(sg.N);
+  rows.last = l1 - 1;
+  const int last_group = rows.last >> 3;
+  const uint32_t bias = g_bias_pair;
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  LeanScales s;
+  s.ahead = fetch_scales(sg, l0 >> 3, col, true);
+  s.next = l0;  // the first chunk opens its group
+  uint4 wa0[U], wb0[U], wa1[U], wb1[U];
+  lean_load(rows, l0, wa0, wb0);
+  for (int l = l0; l < l1; l += 2 * U) {
+    lean_load(rows, l + U, wa1, wb1);
+    lean_compute(sg, col, amask, l, l1, last_group, s, wa0, wb0, bias, xh, xl, acc, mma_acc);
+    if (l + U >= l1) break;
+    lean_load(rows, l + 2 * U, wa0, wb0);
+    lean_compute(sg, col, amask, l + U, l1, last_group, s, wa1, wb1, bias, xh, xl, acc, mma_acc);
+  }
+  gemv_finish(acc, mma_acc, out);
+  if (t == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) red_row[16 * g + b] += out[b];
+  }
+}
+
 // One item's k range [kc0, kc1): this warp takes an equal share of it.
-// KT_GEMV_CODE 1 leaves the sums in c.sm->red[warp] (acc stays zero).
+// KT_GEMV_CODE 1 and 2 leave the sums in c.sm->red[warp] (acc stays zero).
 template <class P>
 KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc)[16], float (&mma_acc)[8][4]) {
 #if KT_SCALES == 1
@@ -592,7 +715,10 @@ KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc
     const int xoff = s * segc * 8;  // k-pairs before this segment in the tile's input
     // The segment's group 0 in the item's staged scales (may lie before the array).
     const uint16_t(*gs)[2][TILE] = c.sm->gscale + (s * segc / STAGE_CHUNKS - gg0);
-#if KT_GEMV_CODE == 1
+#if KT_GEMV_CODE == 2
+    (void)gs;
+    gemv_segment_lean(p.seg(tile, s), l0, l1, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, c.sm->red[c.warp]);
+#elif KT_GEMV_CODE == 1
     gemv_segment_shared(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, c.sm->red[c.warp]);
 #else
     gemv_segment(p.seg(tile, s), l0, l1, gs, c.sm->xs_hi + xoff, c.sm->xs_lo + xoff, acc, mma_acc);
@@ -781,7 +907,7 @@ KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
 #if KT_STAGES > 0
   p.stage(c, tile, kc0, kc1);
   gemv_staged(c, p, tile, kc0 / STAGE_CHUNKS, kc1 / STAGE_CHUNKS, acc, mma_acc);
-#elif KT_GEMV_CODE == 1
+#elif KT_GEMV_CODE >= 1
   (void)out;
   for (int i = c.lane; i < TILE; i += 32) c.sm->red[c.warp][i] = 0;
   __syncwarp();
@@ -1070,19 +1196,22 @@ struct QkvgPhase : PhaseDefaults {
   }
 };
 
+// Whether this warp's key row r exists (a constant when the warps divide KD).
+KT_DEV bool kda_row(const Ctx& c, int r) { return KD % WARPS == 0 || c.warp * ((KD + WARPS - 1) / WARPS) + r < KD; }
+
 // One item: head h, value columns [32 jc, 32 jc + 32).
 // The state's rows are loaded first: they do not depend on this step, so with
 // KT_KDA_START 1 their round trip overlaps the wait for the head's inputs
 // (q, k, v, g: four tiles of the q,k,v,g phase, and beta).
 KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
-  constexpr int RPW = KD / WARPS;  // key rows per warp
+  constexpr int RPW = (KD + WARPS - 1) / WARPS;  // key rows per warp (the last warp's may run past KD)
   const int items = KH * (KD / 32);
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int h = it / (KD / 32), j = (it % (KD / 32)) * 32 + c.lane;
     float* S = L.S + size_t(h) * KD * KD;
     float sv[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) sv[r] = S[size_t(c.warp * RPW + r) * KD + j];
+    for (int r = 0; r < RPW; ++r) sv[r] = kda_row(c, r) ? S[size_t(c.warp * RPW + r) * KD + j] : 0.0f;
 #if KT_KDA_START == 1
     wait_for(c, &c.s->head_ready[layer][h], 5u);  // q, k, v, g and beta
 #else
@@ -1100,6 +1229,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const int i = c.warp * RPW + r;
+      if (!kda_row(c, r)) continue;
       sv[r] *= c.sm->dec[i];
       pred += sv[r] * c.sm->kq[i];
     }
@@ -1112,6 +1242,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const int i = c.warp * RPW + r;
+      if (!kda_row(c, r)) continue;
       sv[r] += c.sm->kq[i] * delta;
       S[size_t(i) * KD + j] = sv[r];
       o += sv[r] * c.sm->qq[i];
@@ -1717,14 +1848,15 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     const KtLayer& Ly = a.layers[layer];
     const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
     uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
+    // The barrier after the previous layer's down phase, before this
+    // layer's first GEMV (layer 0 starts the launch: no barrier).
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       QkvgPhase first{{}, Ly.kda, layer};
-      early_issue(c, first);
+      layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     } else {
       Mla1Phase first{{}, Ly.mla, pos};
-      early_issue(c, first);
+      layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     }
-    if (layer > 0) barrier(c);
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
       QkvgPhase qkvg{{}, L, layer};
