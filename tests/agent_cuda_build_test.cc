@@ -1,7 +1,8 @@
 // Every CUDA kernel ktune ships compiles for sm_90 with nvcc, on any machine
 // with the toolkit (no GPU needed): the megakernel at its default knobs and
 // at every value of every knob, the baseline, and the test variants. CI has
-// no GPU; this is how it knows the GPU code builds.
+// no GPU; this is how it knows the GPU code builds. Also: the knob settings
+// the space refuses before anything is built.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -12,6 +13,26 @@
 #include "sandbox/build_cache.h"
 
 using namespace ktune;
+
+TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch or do not exist") {
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  REQUIRE(mega);
+  auto why_not = [&](const json& knobs) {
+    std::string why;
+    return mega->space.valid(mega->space.complete(knobs), &why) ? std::string() : why;
+  };
+  // Two blocks per SM fit at 4 and 8 warps (with 16-row attention tiles), not at 12 or 16.
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"attn_rows", 16}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 384}, {"attn_rows", 16}}).find("threads <= 256") != std::string::npos);
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 512}, {"attn_rows", 16}}).find("threads <= 256") != std::string::npos);
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}}).find("attn_rows 32") != std::string::npos);
+  CHECK(why_not({{"threads", 384}}).empty());
+  // The lean GEMV loop has one shape.
+  CHECK(why_not({{"gemv_code", "lean"}}).empty());
+  CHECK(why_not({{"gemv_code", "lean"}, {"pipeline", 0}}).find("lean") != std::string::npos);
+  CHECK(why_not({{"gemv_code", "lean"}, {"scales", "smem"}}).find("lean") != std::string::npos);
+}
 
 TEST_CASE("all CUDA kernels compile for sm_90") {
   agent::BackendSpec spec;
