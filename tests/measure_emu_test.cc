@@ -166,6 +166,14 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   // attention's latent dims over 8 of the warps.
   golden_through_emu("kimi-top8.safetensors", {{"threads", 384}, {"gemv_code", "lean"}});
   golden_through_emu("kimi-top8.safetensors", {{"threads", 384}, {"attn", "fma"}, {"kda_start", "heads"}});
+  // o_proj's and down's sums added by atomics and finished by the next
+  // phase's staging, on 3 and 32 SMs (from 1 to 8 splits per tile; several
+  // items per block), and on the staged GEMV path.
+  golden_through_emu("kimi-top8.safetensors", {{"reduce", "atomic"}});
+  golden_through_emu("kimi-top8.safetensors", {{"reduce", "atomic"}, {"threads", 128}, {"stages", 2}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"reduce", "atomic"}, {"threads", 128}, {"gemv_code", "lean"}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
 TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {

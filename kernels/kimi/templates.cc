@@ -68,6 +68,10 @@ KnobSpace cuda_mega_space() {
       {"kda_start", "KT_KDA_START", {"barrier", "heads"}, "barrier",
        "K layers: the KDA update starts after a grid barrier, or each item as soon as its head's q, k, v, g "
        "tiles and beta are published (per-head counters; the state's rows load while it waits)"},
+      {"reduce", "KT_REDUCE", {"last", "atomic"}, "last",
+       "o_proj and down k-splits: the last item of a tile (an atomic counter) sums the partials in order and "
+       "adds the residual, or every item adds its sums into an fp32 vector by atomics (their order, so the "
+       "last bits, vary) and the next phase's input staging adds the residual"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   s.constraint = [](const json& p, std::string* why) {

@@ -55,7 +55,13 @@
 // published by a fence and an atomic, or by one release / acquire-release
 // atomic), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
 // KDA item starts once its head's q, k, v, g tiles and beta are published,
-// per-head counters instead of the barrier).
+// per-head counters instead of the barrier), KT_REDUCE (0: the last of a
+// tile's k-split items sums the partials and runs the epilogue; 1: o_proj's
+// and down's items add their partial sums into an fp32 vector with
+// fire-and-forget atomics, and the next phase's input staging adds the
+// residual, so no item waits on a counter or on the other items' partials;
+// the sums' order, so their last bits, then vary from run to run:
+// stage_carried).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -87,6 +93,7 @@ static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
+static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -110,6 +117,7 @@ struct alignas(16) Scratch {
   alignas(16) uint16_t logits[E > 8 ? E : 8];
   alignas(16) float gu[SLOTS * 2 * I];
   alignas(16) float partials[kMaxItems * TILE];
+  alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
 };
 
@@ -192,6 +200,7 @@ struct Ctx {
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
   bool routed = false;  // this block has selected the current MoE layer's experts
   int gemv_phases = 0;  // run_gemv_phase calls so far in this launch (KT_SCHED 1's counter index)
+  const float* carried = nullptr;  // KT_REDUCE 1: the sums the last GEMV phase left for the next staging
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
@@ -326,6 +335,54 @@ KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
       }
   }
   __syncthreads();
+}
+
+// KT_REDUCE 1: the vector a carried phase (o_proj, down) would have written,
+// h[n] = bf16(res[n] + bf16(y[n])) with y its items' atomically added sums,
+// then RMSNorm(h) * w into xs as stage_rmsnorm does. Block 0 writes h to
+// `out` for the phases after (read only after another grid barrier). All
+// loads are issued before the first is used: one round trip to L2.
+constexpr int kCarriedCols = cdiv(D, THREADS);  // columns per thread
+KT_DEV void stage_carried(Ctx& c, const float* sums, const uint16_t* res, const uint16_t* w, uint16_t* out) {
+  constexpr int PE = kCarriedCols;
+  float y[PE];
+  uint16_t r[PE], wv[PE];
+#pragma unroll
+  for (int e = 0; e < PE; ++e) {
+    const int n = c.tid + e * THREADS;
+    y[e] = n < D ? kt_ld_cg(sums + n) : 0.0f;
+    r[e] = n < D ? kt_ld_cg(res + n) : uint16_t(0);
+    wv[e] = n < D ? w[n] : uint16_t(0);
+  }
+  float h[PE], ss = 0;
+#pragma unroll
+  for (int e = 0; e < PE; ++e) {
+    h[e] = kt_bf2f(kt_f2bf(kt_bf2f(r[e]) + kt_round_bf16(y[e])));
+    ss += c.tid + e * THREADS < D ? h[e] * h[e] : 0.0f;
+  }
+  const float inv = rsqrtf(block_sum(c, ss) / float(D) + float(KT_EPS));
+  uint16_t* xs = reinterpret_cast<uint16_t*>(c.sm->xs_hi);
+#pragma unroll
+  for (int e = 0; e < PE; ++e) {
+    const int n = c.tid + e * THREADS;
+    if (n < D) {
+      xs[n] = kt_f2bf(h[e] * inv * kt_bf2f(wv[e]));
+      if (blockIdx.x == 0) out[n] = kt_f2bf(h[e]);
+    }
+  }
+  for (int i = c.tid; i < D / 2; i += THREADS) c.sm->xs_lo[i] = 0;
+  __syncthreads();
+}
+
+// The input of a phase that opens a residual block: RMSNorm(vec) * w into
+// xs; or, when the phase before left its sums (KT_REDUCE 1), vec computed
+// from them and the residual `res`, and written to `out`.
+KT_DEV void stage_block_input(Ctx& c, const uint16_t* vec, const uint16_t* res, const uint16_t* w, uint16_t* out) {
+  if (c.carried)
+    stage_carried(c, c.carried, res, w, out);
+  else
+    stage_rmsnorm(c, vec, w);
+  c.carried = nullptr;
 }
 
 // xs = a bf16 vector of n (<= max(C, MO)) values written earlier in this launch.
@@ -936,6 +993,15 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   float y = 0;
   if (c.tid < TILE)
     for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
+  if (float* sums = p.carry_sums()) {
+    // KT_REDUCE 1: the next phase's staging reads the sums (stage_carried);
+    // the grid barrier before it publishes these atomics.
+    const int n = tile * TILE + c.tid;
+    if (c.tid < TILE && n < D) atomicAdd(sums + n, y);
+    __syncthreads();  // every warp's row of red was read: the block's next item clears them
+    if (first) stamp(c, c.layer, kPhaseItemDone);
+    return;
+  }
   if (S > 1) {
     if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
     __syncthreads();
@@ -1062,6 +1128,7 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 template <class P>
 KT_DEV void run_gemv_phase(Ctx& c, P& p) {
   const ItemMap map(p);
+  if (float* sums = p.carry_sums()) c.carried = sums;
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
   for (int it = blockIdx.x; it < map.items;) {
     int next = it + int(gridDim.x);
@@ -1140,6 +1207,7 @@ struct PhaseDefaults {
   KT_DEV void before_tile(Ctx&, int) {}
   KT_DEV void after_epilogue(Ctx&, int) {}
   KT_DEV bool static_weights(int) const { return true; }
+  KT_DEV float* carry_sums() const { return nullptr; }  // KT_REDUCE 1: where it leaves its sums for the next staging
 };
 
 // ---- K layer ------------------------------------------------------------------
@@ -1263,10 +1331,12 @@ struct OprojPhase : PhaseDefaults {
   OneMatrix m;
   const uint16_t* x;
   uint16_t* out;
+  float* sums;  // KT_REDUCE 1: where the items add their sums (zero at launch start)
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
   KT_DEV Seg seg(int tile, int) const { return m.seg_at(tile); }
+  KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     if (c.tid < TILE) {
       const int n = tile * TILE + c.tid;
@@ -1747,6 +1817,8 @@ struct DownPhase : PhaseDefaults {
   const float* topw;
   const uint16_t* h;
   uint16_t* out;
+  float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
+  KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return SLOTS; }
   KT_DEV int seg_chunks(int) const { return I / CHUNK; }
@@ -1803,22 +1875,23 @@ KT_DEV void barrier_before(Ctx& c, P& p) {
 
 // o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
 KT_DEV void oproj_phase(Ctx& c, int layer, const KtW4& w, int K, const uint16_t* o, const uint16_t* x) {
-  OprojPhase oproj{{}, OneMatrix{w, D, K}, x, c.s->hbuf};
+  OprojPhase oproj{{}, OneMatrix{w, D, K}, x, c.s->hbuf, c.s->carry[layer][0]};
   barrier_before(c, oproj);
   stamp(c, layer, 4);
   stage_bf16(c, o, K);
   run_gemv_phase(c, oproj);
 }
 
-KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, uint16_t* x_next) {
+// x: the layer's input (o_proj's residual, for KT_REDUCE 1's staging).
+KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, const uint16_t* x, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
   MoeAPhase moe_a{{}, L, layer, c.sm->topk};
   stamp(c, layer, 5);
-  stage_rmsnorm(c, c.s->hbuf, Ly.moe_norm);
+  stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
   c.routed = false;
   run_gemv_phase(c, moe_a);
   moe_a.route(c);  // every block needs the routing for the down phase
-  DownPhase down{{}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next};
+  DownPhase down{{}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next, layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
   barrier_before(c, down);
   stamp(c, layer, 7);
   run_gemv_phase(c, down);
@@ -1844,10 +1917,17 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
   Ctx c{a, reinterpret_cast<Scratch*>(a.scratch), reinterpret_cast<Smem*>(kt_smem()), int(threadIdx.x),
         int(threadIdx.x) & 31, int(threadIdx.x) >> 5};
   const int pos = a.context;
+#if KT_REDUCE == 1
+  // The sums o_proj and down add into start at zero. Block 0's stores are
+  // published by the first grid barrier; layer 0's o_proj comes after it.
+  if (blockIdx.x == 0)
+    for (int i = c.tid; i < KT_LAYERS * 2 * D; i += THREADS) (&c.s->carry[0][0][0])[i] = 0.0f;
+#endif
   for (int layer = 0; layer < KT_LAYERS; ++layer) {
     const KtLayer& Ly = a.layers[layer];
     const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
     uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
+    uint16_t* x_carried = c.s->xbuf[layer % 2];  // KT_REDUCE 1: x, made from the last down phase's sums
     // The barrier after the previous layer's down phase, before this
     // layer's first GEMV (layer 0 starts the launch: no barrier).
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
@@ -1861,7 +1941,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       const KtKdaLayer& L = Ly.kda;
       QkvgPhase qkvg{{}, L, layer};
       stamp(c, layer, 0);
-      stage_rmsnorm(c, x, Ly.attn_norm);
+      stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
       run_gemv_phase(c, qkvg);
       if (KT_KDA_START == 0) barrier(c);
       stamp(c, layer, 1);
@@ -1871,7 +1951,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       const KtMlaLayer& L = Ly.mla;
       Mla1Phase mla1{{}, L, pos};
       stamp(c, layer, 0);
-      stage_rmsnorm(c, x, Ly.attn_norm);
+      stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
       run_gemv_phase(c, mla1);
       barrier(c);
       stamp(c, layer, 1);
@@ -1891,7 +1971,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     }
     MoeAPhase next_moe{{}, Ly.moe, layer, c.sm->topk};
     barrier_before(c, next_moe);
-    moe_layer(c, layer, Ly, x_next);
+    moe_layer(c, layer, Ly, x, x_next);
   }
   stamp(c, KT_LAYERS, 8);
   // The last block out resets the launch's counters for the next one.
