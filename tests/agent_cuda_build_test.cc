@@ -14,6 +14,22 @@
 
 using namespace ktune;
 
+namespace {
+
+// The cuda backend and the full-size task; false, with a visible message,
+// where the CUDA toolkit is missing.
+bool cuda_full_size(agent::BackendSpec* spec, kimi::KimiConfig* cfg) {
+  std::string err;
+  if (!agent::backend_spec("cuda", spec, &err)) {
+    MESSAGE("SKIPPED (no CUDA toolkit): " << err);
+    return false;
+  }
+  REQUIRE(kimi::KimiConfig::preset("full", cfg, &err));
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch or do not exist") {
   const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
   REQUIRE(mega);
@@ -36,13 +52,9 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
 
 TEST_CASE("all CUDA kernels compile for sm_90") {
   agent::BackendSpec spec;
-  std::string err;
-  if (!agent::backend_spec("cuda", &spec, &err)) {
-    MESSAGE("SKIPPED (no CUDA toolkit): " << err);
-    return;
-  }
   kimi::KimiConfig cfg;
-  REQUIRE(kimi::KimiConfig::preset("full", &cfg, &err));
+  std::string err;
+  if (!cuda_full_size(&spec, &cfg)) return;
   const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
   // The defaults, then each knob moved to each of its other values (a point
   // the constraints forbid is skipped: the session never builds it).
@@ -88,13 +100,9 @@ TEST_CASE("all CUDA kernels compile for sm_90") {
 
 TEST_CASE("KTUNE_CUDA_LINK=separate builds the megakernel by separate compilation and nvlink") {
   agent::BackendSpec spec;
-  std::string err;
-  if (!agent::backend_spec("cuda", &spec, &err)) {
-    MESSAGE("SKIPPED (no CUDA toolkit): " << err);
-    return;
-  }
   kimi::KimiConfig cfg;
-  REQUIRE(kimi::KimiConfig::preset("full", &cfg, &err));
+  std::string err;
+  if (!cuda_full_size(&spec, &cfg)) return;
   agent::Variant v;
   REQUIRE_MESSAGE(agent::render_variant(cfg, spec, *kimi::find_template("kimi-mega-cuda"), {}, "", &v, &err), err);
   setenv("KTUNE_CUDA_LINK", "separate", 1);  // read when the build request is made
