@@ -31,6 +31,13 @@
 //   v9  v7 from a fragment-native repacked layout: each lane's 32 bytes of
 //       a chunk contiguous, nibbles placed so that a pair is one shift and
 //       one LOP3 (no PRMT)
+//   v10 a sequence of phases (one K layer's q,k,v,g, o_proj, MoE gate/up and
+//       down, 4 layers) in one launch with grid barriers: a loader warp
+//       streams every phase's stages (a tile's group, 8.5 KB, repacked)
+//       into a shared-memory ring by bulk copies, running ahead across the
+//       barriers; consumer warps compute the stages already there
+//   v11 v10 with a lean consumer: Q chunks of a stage per warp, no division
+//       in the loop, warp-private tile sums (no shared float atomics)
 //
 // What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
 // 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
@@ -50,12 +57,19 @@
 //   shape (3 x 8 KB) against v6's 14.5; only the steady state gains (2.24
 //   against 1.87 TB/s), so the per-warp ring pays for itself only on long
 //   items. The megakernel took v7's dequant instead (runs 44-46).
+// - v11 (runs 104-109): the 16-phase sequence (235.6 MB, barriers
+//   included) in 118.4 us at Q 2, against ~216 us for the megakernel's GEMV
+//   phases; after the first phase every phase finds its weights already in
+//   shared memory, and the consumers are bound by issue (16 warps no
+//   faster than 8). v10 was 2.4x slower: shared-memory float atomics
+//   compile to contended compare-and-swap loops.
 //
 // Build and run (sm_90; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
 //   nvcc -arch=sm_90 -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
 // then run it with no arguments for every version, or with name prefixes
-// ("v9" "v7 U2") for those only (scripts/device_pack.sh carries it).
+// ("v9" "v7 U2"; "v11 Q2" for the sequences) for those only
+// (scripts/device_pack.sh carries it).
 // Weights use the spec's layout ([K/2, N] bytes, scales and zeros
 // [K/128, N] bf16); x is bf16, y is fp32 (one partial per k-split).
 #include <cuda_runtime.h>
@@ -767,6 +781,378 @@ static void repack_for_v9(const uint8_t* src, uint8_t* dst, int M, int K, int N)
         }
 }
 
+
+// ---- v10: a step's GEMV phases in one launch, a loader warp streaming across them --
+// v1-v9 time one phase from an empty pipe: every phase pays its first DRAM
+// round trip, its ramp and its tail, and inside the megakernel ~22 phases
+// per step pay them in series, each after a grid barrier. Weights do not
+// depend on the activations, so nothing forces that: here one loader warp
+// per block streams the block's stages of every phase of the sequence
+// (bulk copies, one 8.5-KB copy per stage, completion on the slot's
+// mbarrier) into a ring of NS slots, and runs ahead across the grid
+// barriers as far as the ring allows; CW consumer warps stage each phase's
+// x after the barrier, then compute the stages already in shared memory.
+// A stage is one quantization group of one 128-column tile, repacked once
+// (repack_for_v10): 8 chunks of v9's fragment-native layout, each chunk's
+// 16-byte halves stored half-major so a warp's two LDS.128 hit 32 distinct
+// banks, then the group's 128 scales and 128 (128 + zero)s as bf16. A
+// phase's stages (tile-major) are cut into 132 contiguous ranges, one per
+// block; warp w of warp group v (w % 8, w / 8) computes chunk w % 8 of the
+// range's stages v, v + CW / 8, ...; sums go to a tile accumulator in
+// shared memory (shared atomics) and, at the phase's end, to y (global
+// atomics: a tile can span two blocks' ranges). NOCOMP: consumers only wait
+// for and release the stages (the stream's own rate across the barriers).
+struct SeqPhase {
+  const uint8_t* stages;  // [tiles][K / 128][V10_STAGE]
+  const uint16_t* x;      // [K] bf16
+  float* y;               // [N], zeroed before the launch
+  int K, N;
+};
+constexpr int V10_MAX_PHASES = 20, V10_STAGE = 8 * 1024 + 512, V10_TILES_PER_RANGE = 4;
+struct Sequence {
+  SeqPhase ph[V10_MAX_PHASES];
+  int nph;
+  unsigned* bar;              // grid barrier arrivals (zeroed before the launch)
+  unsigned long long* span;   // per block: start, end; then block 0's time after each phase's barrier
+};
+
+__device__ __forceinline__ void named_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
+
+// The end of phase p for the CT consumer threads: a grid barrier (an
+// arrival counter; y complete everywhere before the next phase, whose x in
+// a real step would be this y), then block 0 stamps the time. GRID false:
+// the stamp only (what the barriers cost).
+template <int CT, bool GRID = true>
+__device__ __forceinline__ void sequence_phase_end(const Sequence& q, int p) {
+  named_sync(CT);
+  if (threadIdx.x == 0) {
+    if (GRID) {
+      __threadfence();
+      atomicAdd(q.bar, 1u);
+      const unsigned target = unsigned(p + 1) * gridDim.x;
+      while (kt_ld_acquire(q.bar) < target) {
+      }
+    }
+    if (blockIdx.x == 0) q.span[2 * gridDim.x + p] = kt_globaltimer();
+  }
+  named_sync(CT);
+}
+
+// A phase's stages for this block: [s0, s1) of the phase's tiles x groups
+// stages (tile-major), cut into gridDim.x contiguous ranges.
+struct PhaseRange {
+  int groups, s0, s1, tile0;
+};
+__device__ __forceinline__ PhaseRange phase_range(const SeqPhase& ph) {
+  PhaseRange r;
+  r.groups = ph.K / 128;
+  const int total = ph.N / TILE * r.groups;
+  r.s0 = blockIdx.x * total / gridDim.x;
+  r.s1 = (blockIdx.x + 1) * total / gridDim.x;
+  r.tile0 = r.s0 / r.groups;
+  return r;
+}
+
+// The start of a phase for the CT consumer threads: x staged as packed bf16
+// pairs.
+template <int CT>
+__device__ __forceinline__ PhaseRange sequence_phase_begin(const SeqPhase& ph, uint32_t* xs) {
+  for (int i = threadIdx.x; i < ph.K / 2; i += CT) xs[i] = reinterpret_cast<const uint32_t*>(ph.x)[i];
+  named_sync(CT);
+  return phase_range(ph);
+}
+
+// The shared memory of v10 and v11, set up by every block before its warps
+// split into the loader and the consumers: x (9216 / 2 words at most), the
+// tile sums ([rows][V10_TILES_PER_RANGE][TILE], zeroed), the ring's full
+// and empty mbarriers (NS each; a full completes when the loader's copy
+// lands, an empty after empty_count consumer warps release the slot), and
+// the ring, 128-byte aligned. Thread 0 also stamps the block's start.
+struct SequenceSmem {
+  uint32_t* xs;
+  float* tacc;
+  uint64_t* full;
+  uint64_t* empty;
+  unsigned char* ring;
+};
+template <int NS>
+__device__ __forceinline__ SequenceSmem sequence_smem(unsigned char* smem, int tacc_rows, unsigned empty_count,
+                                                      const Sequence& q) {
+  SequenceSmem m;
+  m.xs = reinterpret_cast<uint32_t*>(smem);
+  m.tacc = reinterpret_cast<float*>(smem + 9216 * 2);
+  m.full = reinterpret_cast<uint64_t*>(m.tacc + tacc_rows * V10_TILES_PER_RANGE * TILE);
+  m.empty = m.full + NS;
+  m.ring = reinterpret_cast<unsigned char*>(m.empty + NS);
+  m.ring += (128 - (smem_addr(m.ring) & 127)) & 127;
+  if (threadIdx.x == 0) {
+    q.span[2 * blockIdx.x] = kt_globaltimer();
+    for (int i = 0; i < NS; ++i) {
+      mbar_init(&m.full[i], 1);
+      mbar_init(&m.empty[i], empty_count);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < tacc_rows * V10_TILES_PER_RANGE * TILE; i += blockDim.x) m.tacc[i] = 0;
+  __syncthreads();
+  return m;
+}
+
+template <int NS, int CW, bool NOCOMP = false>
+__global__ void __launch_bounds__(CW * 32 + 32, 1) v10_sequence(const __grid_constant__ Sequence q) {
+  static_assert(CW % 8 == 0, "consumer warps come in groups of 8, one per chunk of a stage");
+  constexpr int NG = CW / 8, CT = CW * 32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const SequenceSmem m = sequence_smem<NS>(smem, 1, 8, q);
+  uint32_t* xs = m.xs;
+  float* tacc = m.tacc;
+  uint64_t *full = m.full, *empty = m.empty;
+  unsigned char* ring = m.ring;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+  if (warp == CW) {  // the loader
+    if (lane == 0) {
+      unsigned n = 0;
+      for (int p = 0; p < q.nph; ++p) {
+        const SeqPhase& ph = q.ph[p];
+        const PhaseRange r = phase_range(ph);
+        for (int s = r.s0; s < r.s1; ++s, ++n) {
+          const unsigned slot = n % NS;
+          if (n >= NS) mbar_wait(&empty[slot], (n / NS - 1) & 1);
+          mbar_expect(&full[slot], V10_STAGE);
+          bulk_copy(ring + slot * V10_STAGE, ph.stages + size_t(s) * V10_STAGE, V10_STAGE, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+  const int cw = warp % 8, grp_of_warps = warp / 8;
+  const uint32_t bias = g_bias_pair;
+  unsigned n = 0;  // the block's stage count so far (the loader's n)
+  for (int p = 0; p < q.nph; ++p) {
+    const SeqPhase& ph = q.ph[p];
+    const PhaseRange r = sequence_phase_begin<CT>(ph, xs);
+    const int groups = r.groups, s0 = r.s0, s1 = r.s1, tile0 = r.tile0;
+    float acc[8][4] = {};
+    int cur_tile = -1;
+    auto flush = [&]() {
+      if (cur_tile < 0 || NOCOMP) return;
+      if (t == 0) {
+        float* row = tacc + (cur_tile - tile0) * TILE + 16 * g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          atomicAdd(row + 2 * j, acc[j][0] + acc[j][1]);
+          atomicAdd(row + 2 * j + 1, acc[j][2] + acc[j][3]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+    };
+    for (int s = s0; s < s1; ++s, ++n) {
+      if ((s - s0) % NG != grp_of_warps) continue;
+      const int tile = s / groups, grp = s % groups;
+      if (tile != cur_tile) {
+        flush();
+        cur_tile = tile;
+      }
+      const unsigned slot = n % NS;
+      mbar_wait(&full[slot], (n / NS) & 1);
+      if (!NOCOMP) {
+        const unsigned char* st = ring + slot * V10_STAGE;
+        const uint4 wa = *reinterpret_cast<const uint4*>(st + cw * 1024 + lane * 16);
+        const uint4 wb = *reinterpret_cast<const uint4*>(st + cw * 1024 + 512 + lane * 16);
+        const uint4* sv = reinterpret_cast<const uint4*>(st + 8192 + 32 * g);
+        const uint4* zv = reinterpret_cast<const uint4*>(st + 8192 + 256 + 32 * g);
+        const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
+        const uint32_t sr[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+        const uint32_t zr[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+        chunk_mma_frag<false>(wa, wb, sr, zr, bias, xs, grp * GROUP_CHUNKS + cw, acc);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[slot]);
+    }
+    flush();
+    named_sync(CT);  // every warp's sums are in tacc, every thread is done with xs
+    const int ntiles = s1 > s0 ? (s1 - 1) / groups - tile0 + 1 : 0;
+    for (int i = threadIdx.x; i < ntiles * TILE; i += CT) {
+      if (!NOCOMP) atomicAdd(ph.y + size_t(tile0) * TILE + i, tacc[i]);
+      tacc[i] = 0;
+    }
+    sequence_phase_end<CT>(q, p);
+  }
+  if (threadIdx.x == 0) q.span[2 * blockIdx.x + 1] = kt_globaltimer();
+}
+
+// ---- v11: v10 with a lean consumer, Q chunks of a stage per warp --------------------
+// v10's consumer ran ~320 instructions per chunk (ncu, run 105): a division
+// per stage to find its tile, 88 register moves around the accumulators
+// (the per-stage tile check merged two paths into the mma's), the shared
+// addresses of the mbarriers rebuilt at every wait, and one chunk per wait
+// (nothing for the scheduler to overlap). Here a warp walks its stages tile
+// by tile (no division in the loop), keeps the ring position as a slot and
+// a parity, reads the barriers by 32-bit shared addresses, and computes Q
+// chunks of each stage it takes (8 / Q warps share a stage; the CW / (8 /
+// Q) warp groups take the range's stages in turn), so Q chunks' chains
+// interleave and the group's scales are read once per Q chunks.
+__device__ __forceinline__ void mbar_wait_s(uint32_t bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_s(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+template <int NS, int CW, int Q, int MODE = 0>
+__global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_constant__ Sequence q) {
+  static_assert(8 % Q == 0 && CW % (8 / Q) == 0, "Q divides a stage's 8 chunks; whole warp groups");
+  constexpr int WPS = 8 / Q, NG = CW / WPS, CT = CW * 32;
+  // NOCOMP: the stream alone; NOLOAD: no copies, no waits (the compute
+  // alone); NOGRID: no grid barriers (each block runs its phases back to
+  // back, x staged as before: what the barriers cost).
+  constexpr bool NOCOMP = MODE == 1, NOLOAD = MODE == 2, NOGRID = MODE == 3;
+  static_assert(NG < NS, "ring");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const SequenceSmem m = sequence_smem<NS>(smem, CW, WPS, q);  // a row of tile sums per consumer warp
+  uint32_t* xs = m.xs;
+  float* tacc = m.tacc;
+  uint64_t* full = m.full;
+  unsigned char* ring = m.ring;
+  const uint32_t full_s = smem_addr(m.full), empty_s = smem_addr(m.empty);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+  if (warp == CW) {  // the loader, as v10's
+    if (lane == 0 && !NOLOAD) {
+      unsigned slot = 0, parity = 0, n = 0;
+      for (int p = 0; p < q.nph; ++p) {
+        const SeqPhase& ph = q.ph[p];
+        const PhaseRange r = phase_range(ph);
+        for (int s = r.s0; s < r.s1; ++s, ++n) {
+          if (n >= NS) mbar_wait_s(empty_s + 8 * slot, parity ^ 1);
+          mbar_expect(&full[slot], V10_STAGE);
+          bulk_copy(ring + slot * V10_STAGE, ph.stages + size_t(s) * V10_STAGE, V10_STAGE, &full[slot]);
+          if (++slot == NS) {
+            slot = 0;
+            parity ^= 1;
+          }
+        }
+      }
+    }
+    return;
+  }
+  const int wg = warp / WPS, wi = warp % WPS;
+  const uint32_t bias = g_bias_pair;
+  unsigned slot = wg, parity = 0;  // the ring position of this warp's next stage
+  for (int p = 0; p < q.nph; ++p) {
+    const SeqPhase& ph = q.ph[p];
+    const PhaseRange r = sequence_phase_begin<CT>(ph, xs);
+    const int groups = r.groups, s0 = r.s0, s1 = r.s1, tile0 = r.tile0;
+    int s = s0 + wg;
+    while (s < s1) {
+      const int tile = s / groups, tile_end = min(s1, (tile + 1) * groups);
+      float acc[8][4] = {};
+      for (; s < tile_end; s += NG) {
+        if (!NOLOAD) mbar_wait_s(full_s + 8 * slot, parity);
+        if (!NOCOMP) {
+          const unsigned char* st = ring + slot * V10_STAGE;
+          const uint4* sv = reinterpret_cast<const uint4*>(st + 8192 + 32 * g);
+          const uint4* zv = reinterpret_cast<const uint4*>(st + 8192 + 256 + 32 * g);
+          const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
+          const uint32_t sr[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+          const uint32_t zr[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+          const int lc0 = (s - tile * groups) * GROUP_CHUNKS + wi * Q;
+          uint4 wa[Q], wb[Q];
+#pragma unroll
+          for (int c = 0; c < Q; ++c) {
+            wa[c] = *reinterpret_cast<const uint4*>(st + (wi * Q + c) * 1024 + lane * 16);
+            wb[c] = *reinterpret_cast<const uint4*>(st + (wi * Q + c) * 1024 + 512 + lane * 16);
+          }
+#pragma unroll
+          for (int c = 0; c < Q; ++c) chunk_mma_frag<false>(wa[c], wb[c], sr, zr, bias, xs, lc0 + c, acc);
+        }
+        __syncwarp();
+        if (lane == 0 && !NOLOAD) mbar_arrive_s(empty_s + 8 * slot);
+        slot += NG;
+        if (slot >= NS) {
+          slot -= NS;
+          parity ^= 1;
+        }
+      }
+      if (!NOCOMP && t == 0) {
+        // The warp's own row: no atomics (v10's shared-memory float atomics
+        // are compare-and-swap loops, contended by every warp of the tile).
+        float* row = tacc + (warp * V10_TILES_PER_RANGE + tile - tile0) * TILE + 16 * g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          row[2 * j] += acc[j][0] + acc[j][1];
+          row[2 * j + 1] += acc[j][2] + acc[j][3];
+        }
+      }
+    }
+    {
+      // slot points at the block position of stage s, where the walk stopped
+      // (s >= s1); the next phase's first stage for this group is wg
+      // positions after this phase's last, i.e. wg - (s - s1) from here.
+      const int delta = wg - (s - s1);
+      int ns = int(slot) + delta;
+      unsigned np = parity;
+      while (ns < 0) {
+        ns += NS;
+        np ^= 1;
+      }
+      while (ns >= NS) {
+        ns -= NS;
+        np ^= 1;
+      }
+      slot = unsigned(ns);
+      parity = np;
+    }
+    named_sync(CT);
+    const int ntiles = s1 > s0 ? (s1 - 1) / groups - tile0 + 1 : 0;
+    for (int i = threadIdx.x; i < ntiles * TILE; i += CT) {
+      float sum = 0;
+#pragma unroll 4
+      for (int w = 0; w < CW; ++w) {
+        sum += tacc[w * V10_TILES_PER_RANGE * TILE + i];
+        tacc[w * V10_TILES_PER_RANGE * TILE + i] = 0;
+      }
+      if (!NOCOMP) atomicAdd(ph.y + size_t(tile0) * TILE + i, sum);
+    }
+    sequence_phase_end<CT, !NOGRID>(q, p);
+  }
+  if (threadIdx.x == 0) q.span[2 * blockIdx.x + 1] = kt_globaltimer();
+}
+
+// The host side of v10's stages for one matrix [K/2][N] with its scales and
+// zeros [K/128][N]: dst holds [N/128 tiles][K/128 groups][V10_STAGE].
+static void repack_for_v10(const uint8_t* w, const uint16_t* sc, const uint16_t* ze, int K, int N, uint8_t* dst) {
+  const int tiles = N / TILE, groups = K / 128;
+  for (int tile = 0; tile < tiles; ++tile)
+    for (int grp = 0; grp < groups; ++grp) {
+      uint8_t* st = dst + (size_t(tile) * groups + grp) * V10_STAGE;
+      for (int c = 0; c < GROUP_CHUNKS; ++c) {
+        const int chunk = grp * GROUP_CHUNKS + c;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, t = lane & 3;
+          for (int j = 0; j < 8; ++j) {  // as repack_for_v9
+            uint32_t word = 0;
+            for (int r = 0; r < 4; ++r) {
+              const int col = tile * TILE + 16 * g + 2 * j + (r & 1), kp = 8 * chunk + t + 4 * (r >> 1);
+              const uint8_t byte = w[size_t(kp) * N + col];
+              word |= uint32_t(byte & 15) << (4 * r) | uint32_t(byte >> 4) << (4 * r + 16);
+            }
+            std::memcpy(st + c * 1024 + (j / 4) * 512 + lane * 16 + (j % 4) * 4, &word, 4);
+          }
+        }
+      }
+      for (int i = 0; i < TILE; ++i) {
+        const size_t so = size_t(grp) * N + tile * TILE + i;
+        const uint16_t zb = ktune::float_to_bf16(128.0f + ktune::bf16_to_float(ze[so]));
+        std::memcpy(st + 8192 + 2 * i, &sc[so], 2);
+        std::memcpy(st + 8192 + 256 + 2 * i, &zb, 2);
+      }
+    }
+}
+
 // ---- host ------------------------------------------------------------------------
 using ktune::bf16_to_float;
 using ktune::float_to_bf16;
@@ -961,6 +1347,170 @@ int main(int argc, char** argv) {
       const double bytes = double(cs.M) * cs.K / 2 * cs.N + 2.0 * cs.M * cs.K / 128 * cs.N * 2;
       std::printf("%-28s %10.2f %10.0f %8d %10.2e%s\n", v.name, best, bytes / best / 1e3, fa.numRegs, err,
                   err > 1e-3 ? "  WRONG" : v.checked ? "" : "  (not checked)");
+    }
+  }
+  // v10: sequences of one Kimi-Linear K layer's GEMV phases (q,k,v,g; o_proj;
+  // the MoE's 9 gate/up; its 9 downs), each phase's own weights, repacked once.
+  bool want_seq = argc < 2;
+  for (int i = 1; i < argc; ++i)
+    want_seq = want_seq || std::strncmp(argv[i], "v10", 3) == 0 || std::strncmp(argv[i], "v11", 3) == 0;
+  if (want_seq) {
+    struct Shape {
+      const char* name;
+      int K, N;
+    };
+    const Shape layer[] = {{"qkvg", 2304, 16384}, {"o_proj", 4096, 2304}, {"gate/up", 2304, 18432}, {"down", 9216, 2304}};
+    constexpr int kLayers = 4, kPhases = 4 * kLayers;
+    std::vector<size_t> stage_off(kPhases + 1, 0);
+    size_t woff = 0, soff = 0;
+    std::vector<std::vector<uint16_t>> xs(kPhases);
+    std::vector<std::vector<double>> refs(kPhases);
+    std::vector<size_t> wofs(kPhases), sofs(kPhases);
+    for (int p = 0; p < kPhases; ++p) {
+      const Shape& sh = layer[p % 4];
+      wofs[p] = woff;
+      sofs[p] = soff;
+      woff += size_t(sh.K) / 2 * sh.N;
+      soff += size_t(sh.K) / 128 * sh.N;
+      stage_off[p + 1] = stage_off[p] + size_t(sh.N / TILE) * (sh.K / 128) * V10_STAGE;
+    }
+    if (woff > wbytes || soff > hs.size()) {
+      std::fprintf(stderr, "v10: the sequence needs more weights than allocated\n");
+      return 1;
+    }
+    std::vector<uint8_t> hst(stage_off[kPhases]);
+    double seq_bytes = 0;
+    for (int p = 0; p < kPhases; ++p) {
+      const Shape& sh = layer[p % 4];
+      repack_for_v10(hw.data() + wofs[p], hs.data() + sofs[p], hz.data() + sofs[p], sh.K, sh.N, hst.data() + stage_off[p]);
+      xs[p].resize(sh.K);
+      for (auto& v : xs[p]) v = float_to_bf16(ux(rng));
+      refs[p].assign(sh.N, 0.0);
+      for (int k = 0; k < sh.K; ++k) {
+        const double xv = bf16_to_float(xs[p][k]);
+        const uint8_t* row = hw.data() + wofs[p] + size_t(k / 2) * sh.N;
+        const uint16_t *srow = hs.data() + sofs[p] + size_t(k / 128) * sh.N, *zrow = hz.data() + sofs[p] + size_t(k / 128) * sh.N;
+        for (int n = 0; n < sh.N; ++n) {
+          const int qv = (k & 1) ? row[n] >> 4 : row[n] & 15;
+          const float d = bf16_to_float(float_to_bf16(float(qv) - bf16_to_float(zrow[n])));
+          refs[p][n] += xv * bf16_to_float(float_to_bf16(d * bf16_to_float(srow[n])));
+        }
+      }
+      seq_bytes += double(sh.K) / 2 * sh.N + 2.0 * sh.K / 128 * sh.N * 2;
+    }
+    uint8_t* dst;
+    uint16_t* dxs;
+    float* dys;
+    unsigned* dbar;
+    unsigned long long* dspan2;
+    size_t xtotal = 0, ytotal = 0;
+    for (int p = 0; p < kPhases; ++p) xtotal += layer[p % 4].K, ytotal += layer[p % 4].N;
+    CHECK(cudaMalloc(&dst, hst.size()));
+    CHECK(cudaMalloc(&dxs, xtotal * 2));
+    CHECK(cudaMalloc(&dys, ytotal * 4));
+    CHECK(cudaMalloc(&dbar, 4));
+    CHECK(cudaMalloc(&dspan2, (2 * 1024 + V10_MAX_PHASES) * 8));
+    CHECK(cudaMemcpy(dst, hst.data(), hst.size(), cudaMemcpyHostToDevice));
+    Sequence all{};
+    all.nph = kPhases;
+    all.bar = dbar;
+    all.span = dspan2;
+    size_t xo = 0, yo = 0;
+    for (int p = 0; p < kPhases; ++p) {
+      const Shape& sh = layer[p % 4];
+      CHECK(cudaMemcpy(dxs + xo, xs[p].data(), sh.K * 2, cudaMemcpyHostToDevice));
+      all.ph[p] = SeqPhase{dst + stage_off[p], dxs + xo, dys + yo, sh.K, sh.N};
+      xo += sh.K;
+      yo += sh.N;
+    }
+    struct SeqVersion {
+      const char* name;
+      void (*kernel)(Sequence);
+      int ns, consumers;
+      bool checked;
+      int tacc_rows = 1;  // v11: one row of tile sums per consumer warp
+    };
+    const SeqVersion sv[] = {{"v10 ring 20 x 8.5 KB, 8 consumer warps", v10_sequence<20, 8>, 20, 8, true},
+                             {"v10 ring 12, 8 consumers", v10_sequence<12, 8>, 12, 8, true},
+                             {"v10 ring 20, 16 consumers", v10_sequence<20, 16>, 20, 16, true},
+                             {"v10 ring 20, no compute", v10_sequence<20, 8, true>, 20, 8, false},
+                             {"v11 Q1, 8 consumers", v11_sequence<20, 8, 1>, 20, 8, true, 8},
+                             {"v11 Q2, 8 consumers", v11_sequence<20, 8, 2>, 20, 8, true, 8},
+                             {"v11 Q4, 8 consumers", v11_sequence<20, 8, 4>, 20, 8, true, 8},
+                             {"v11 Q8, 8 consumers", v11_sequence<20, 8, 8>, 20, 8, true, 8},
+                             {"v11 Q1, 16 consumers", v11_sequence<20, 16, 1>, 20, 16, true, 16},
+                             {"v11 Q2, 16 consumers", v11_sequence<20, 16, 2>, 20, 16, true, 16},
+                             {"v11 Q2, no compute", v11_sequence<20, 8, 2, 1>, 20, 8, false, 8},
+                             {"v11 Q4, 8 consumers, no loads", v11_sequence<20, 8, 4, 2>, 20, 8, false, 8},
+                             {"v11 Q4, 16 consumers, no loads", v11_sequence<20, 16, 4, 2>, 20, 16, false, 16},
+                             {"v11 Q1, 8 consumers, no loads", v11_sequence<20, 8, 1, 2>, 20, 8, false, 8},
+                             {"v11 Q4, 16 consumers", v11_sequence<20, 16, 4>, 20, 16, true, 16},
+                             {"v11 Q4, 8 consumers, ring 22", v11_sequence<22, 8, 4>, 22, 8, true, 8},
+                             {"v11 Q4, 8 consumers, ring 12", v11_sequence<12, 8, 4>, 12, 8, true, 8},
+                             {"v11 Q4, 8 consumers, no grid barriers", v11_sequence<20, 8, 4, 3>, 20, 8, true, 8}};
+    struct Run {
+      const char* name;
+      int first, count;
+    };
+    const Run runs[] = {{"4 layers (16 phases)", 0, 16}, {"1 layer (4 phases)", 0, 4}, {"qkvg alone", 0, 1},
+                        {"o_proj alone", 1, 1}, {"gate/up alone", 2, 1}, {"down alone", 3, 1}};
+    for (const Run& r : runs) {
+      Sequence sq = all;
+      sq.nph = r.count;
+      double bytes = 0;
+      for (int p = 0; p < r.count; ++p) {
+        sq.ph[p] = all.ph[r.first + p];
+        const Shape& sh = layer[(r.first + p) % 4];
+        bytes += double(sh.K) / 2 * sh.N + 2.0 * sh.K / 128 * sh.N * 2;
+      }
+      std::printf("\n== v10 %s: %.1f MB of weights + scales\n", r.name, bytes / 1e6);
+      std::printf("%-40s %10s %10s %8s %10s  %s\n", "version", "span us", "GB/s", "regs", "max err", "block 0's phase ends (us)");
+      for (const SeqVersion& v : sv) {
+        bool wanted = argc < 2;
+        for (int i = 1; i < argc; ++i) wanted = wanted || std::strncmp(v.name, argv[i], std::strlen(argv[i])) == 0;
+        if (!wanted) continue;
+        const size_t smem = 9216 * 2 + size_t(v.tacc_rows) * V10_TILES_PER_RANGE * TILE * 4 + 2 * v.ns * 8 + 128 + size_t(v.ns) * V10_STAGE;
+        CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        cudaFuncAttributes fa;
+        CHECK(cudaFuncGetAttributes(&fa, v.kernel));
+        double best = 1e30;
+        std::vector<unsigned long long> span(2 * sms + V10_MAX_PHASES), best_span;
+        for (int rep = 0; rep < 7; ++rep) {
+          CHECK(cudaMemset(flush, rep, flush_bytes));
+          CHECK(cudaMemset(dys, 0, ytotal * 4));
+          CHECK(cudaMemset(dbar, 0, 4));
+          v.kernel<<<sms, v.consumers * 32 + 32, smem>>>(sq);
+          CHECK(cudaGetLastError());
+          CHECK(cudaDeviceSynchronize());
+          CHECK(cudaMemcpy(span.data(), dspan2, span.size() * 8, cudaMemcpyDeviceToHost));
+          unsigned long long t0 = ~0ull, t1 = 0;
+          for (int b = 0; b < sms; ++b) {
+            t0 = std::min(t0, span[2 * b]);
+            t1 = std::max(t1, span[2 * b + 1]);
+          }
+          if (rep > 0 && (t1 - t0) / 1e3 < best) {
+            best = (t1 - t0) / 1e3;
+            best_span = span;
+            for (int p = 0; p < r.count; ++p) best_span[2 * sms + p] -= t0;
+          }
+        }
+        double err = 0;
+        if (v.checked) {
+          std::vector<float> y(ytotal);
+          CHECK(cudaMemcpy(y.data(), dys, y.size() * 4, cudaMemcpyDeviceToHost));
+          for (int p = 0; p < r.count; ++p) {
+            const std::vector<double>& ref = refs[r.first + p];
+            const size_t yo_p = size_t(sq.ph[p].y - dys);
+            double scale = 0;
+            for (double v2 : ref) scale = std::max(scale, std::fabs(v2));
+            for (size_t n = 0; n < ref.size(); ++n) err = std::max(err, std::fabs(y[yo_p + n] - ref[n]) / scale);
+          }
+        }
+        std::printf("%-40s %10.2f %10.0f %8d %10.2e%s ", v.name, best, bytes / best / 1e3, fa.numRegs, err,
+                    err > 1e-3 ? "  WRONG" : v.checked ? "" : "  (not checked)");
+        for (int p = 0; p < r.count; ++p) std::printf(" %.1f", best_span[2 * sms + p] / 1e3);
+        std::printf("\n");
+      }
     }
   }
   return 0;
