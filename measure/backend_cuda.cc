@@ -1,7 +1,8 @@
 // The "cuda" runner backend: the task's weights resident in device memory
 // for the runner's whole life (uploaded once), a variant's cubin loaded
 // through the driver's module API, its launch table launched once per
-// step, timed with device events, launches counted by CUPTI. A sticky GPU
+// step, timed with device events, launches counted by CUPTI; its prepare
+// table (abi.h) launched once per load, outside both. A sticky GPU
 // error (illegal address, illegal instruction, ...) is reported as a fault:
 // the runner exits and its client starts a fresh one.
 //
@@ -19,6 +20,7 @@
 #include "kernels/kimi/templates.h"
 #include "measure/cupti_counter.h"
 #include "measure/device_args.h"
+#include "measure/launch_table.h"
 #include "measure/loaded_variant.h"
 #include "measure/runner_backend.h"
 
@@ -84,9 +86,7 @@ constexpr uint8_t kPoisonByte = 0xff;  // bf16 0xffff is a NaN
 class CudaBackend : public RunnerBackend {
  public:
   explicit CudaBackend(const kimi::KimiConfig& cfg) : cfg_(cfg) {}
-  ~CudaBackend() override {
-    if (module_) drv_.ModuleUnload(module_);
-  }
+  ~CudaBackend() override { unload(); }
 
   bool start(std::string* err) {
     int n = 0;
@@ -171,90 +171,37 @@ class CudaBackend : public RunnerBackend {
         return false;
       }
     }
+    // The runner calls init once, before any load (runner.cc), so no
+    // variant is loaded here; were one loaded, its prepare table would run
+    // again on the new weights, as abi.h promises.
     return alloc(&x_[0], cfg_.hidden, err) && alloc(&x_[1], cfg_.hidden, err) &&
-           alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err);
+           alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err) && (!module_ || reset_scratch(err));
   }
 
   bool load(const std::string& artifact, std::string* err) override {
-    if (module_) {
-      drv_.ModuleUnload(module_);
-      module_ = nullptr;
-    }
-    functions_.clear();
-    launches_.clear();
+    unload();
     CUresult r = drv_.ModuleLoad(&module_, artifact.c_str());
     if (r != CUDA_SUCCESS) {
       module_ = nullptr;
       *err = "cannot load the cubin: " + drv_.message(r);
       return false;
     }
-    int abi = 0, n = 0;
     long long scratch = 0;
-    std::vector<int> config(KT_CONFIG_FIELDS);
-    if (!read_global("ktune_abi_version", &abi, sizeof abi, err) ||
-        !read_global("ktune_config", config.data(), config.size() * sizeof(int), err) ||
-        !read_global("ktune_scratch_bytes", &scratch, sizeof scratch, err) ||
-        !read_global("ktune_num_launches", &n, sizeof n, err))
-      return false;
-    if (abi != KT_ABI_VERSION) {
-      *err = "variant ABI version " + std::to_string(abi) + ", runner speaks " + std::to_string(KT_ABI_VERSION);
-      return false;
+    bool ok = read_variant(&scratch, err);
+    if (ok && scratch > 0) {
+      ok = check(cudaMalloc(&scratch_, size_t(scratch)), "allocating scratch", err);
+      scratch_bytes_ = ok ? size_t(scratch) : 0;
     }
-    if (!check_signature(config.data(), kimi::config_signature(cfg_), err)) return false;
-    if (n < 1 || n > KT_MAX_LAUNCHES) {
-      *err = "ktune_num_launches = " + std::to_string(n) + " is out of range";
+    if (!ok || !reset_scratch(err)) {
+      unload();
       return false;
     }
-    launches_.resize(n);
-    if (!read_global("ktune_launches", launches_.data(), sizeof(KtLaunch) * n, err)) return false;
-    for (const KtLaunch& l : launches_) {
-      if (functions_.count(l.kernel)) continue;
-      CUfunction f;
-      std::string fname = "ktune_k" + std::to_string(l.kernel);
-      r = drv_.ModuleGetFunction(&f, module_, fname.c_str());
-      if (r != CUDA_SUCCESS) {
-        *err = "the launch table names " + fname + ", which the cubin lacks: " + drv_.message(r);
-        return false;
-      }
-      functions_[l.kernel] = f;
-    }
-    for (const KtLaunch& l : launches_)
-      if (l.smem > 48 * 1024) {
-        r = drv_.FuncSetAttribute(functions_[l.kernel], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.smem);
-        if (r != CUDA_SUCCESS) {
-          *err = "cannot give ktune_k" + std::to_string(l.kernel) + " " + std::to_string(l.smem) +
-                 " bytes of shared memory: " + drv_.message(r);
-          return false;
-        }
-      }
-    // Grids are resolved now, so nothing but launches sits between the
-    // timing events of a step.
-    grids_.clear();
-    for (const KtLaunch& l : launches_) {
-      int per_sm = 0;
-      CUresult occ = drv_.Occupancy(&per_sm, functions_[l.kernel], l.block, size_t(l.smem));
-      if (occ != CUDA_SUCCESS) {
-        *err = "occupancy query failed: " + drv_.message(occ);
-        return false;
-      }
-      int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? per_sm * sms_ : -l.grid * sms_);
-      if (grid < 1 || (l.cooperative && grid > per_sm * sms_)) {
-        *err = "a " + std::string(l.cooperative ? "cooperative " : "") + "grid of " + std::to_string(grid) +
-               " blocks of " + std::to_string(l.block) + " threads cannot run (" + std::to_string(per_sm) +
-               " fit per SM x " + std::to_string(sms_) + " SMs)";
-        return false;
-      }
-      grids_.push_back(grid);
-    }
-    if (scratch_) cudaFree(scratch_);
-    scratch_ = nullptr;
-    if (scratch > 0 && (!check(cudaMalloc(&scratch_, size_t(scratch)), "allocating scratch", err) ||
-                        !check(cudaMemset(scratch_, 0, size_t(scratch)), "zeroing scratch", err)))
-      return false;
     return true;
   }
 
-  int declared_launches() const override { return int(launches_.size()); }
+  bool faulted() const override { return fault_; }
+
+  int declared_launches() const override { return int(steps_.size()); }
 
   bool put_state(const kimi::KimiState& st, const std::vector<uint16_t>& token, std::string* err) override {
     if (st.context + 1 > capacity_) {
@@ -297,15 +244,9 @@ class CudaBackend : public RunnerBackend {
     if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
-    for (size_t i = 0; i < launches_.size(); ++i) {
-      const KtLaunch& l = launches_[i];
-      CUfunction f = functions_[l.kernel];
-      const int grid = grids_[i];
-      KtLaunchArgs la = l.args;
-      void* params[] = {&args_, &la};
-      CUresult r = l.cooperative ? drv_.LaunchCooperativeKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params)
-                        : drv_.LaunchKernel(f, grid, 1, 1, l.block, 1, 1, l.smem, nullptr, params, nullptr);
-      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(l.kernel) + ": " + drv_.message(r), is_sticky(r));
+    for (const Resolved& e : steps_) {
+      CUresult r = launch(e, &args_);
+      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
     }
     cudaEventRecord(ev1_);
     cudaError_t e = cudaEventSynchronize(ev1_);
@@ -313,7 +254,7 @@ class CudaBackend : public RunnerBackend {
     float ms = 0;
     cudaEventElapsedTime(&ms, ev0_, ev1_);
     s.us = double(ms) * 1000.0;
-    if (count_launches) s.launches = cupti_.end(int(launches_.size()));
+    if (count_launches) s.launches = cupti_.end(int(steps_.size()));
     current_ = 1 - current_;
     last_context_ = context;
     return s;
@@ -359,6 +300,117 @@ class CudaBackend : public RunnerBackend {
   }
 
  private:
+  // A launch-table entry, resolved: its kernel and its grid in blocks.
+  struct Resolved {
+    KtLaunch l;
+    CUfunction f;
+    int grid;
+  };
+
+  void unload() {
+    if (module_) drv_.ModuleUnload(module_);
+    module_ = nullptr;
+    if (scratch_) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    steps_.clear();
+    prepare_.clear();
+  }
+
+  // The loaded module's exports (abi.h): checks the version and the sizes,
+  // reads both launch tables and resolves them.
+  bool read_variant(long long* scratch, std::string* err) {
+    int abi = 0;
+    std::vector<int> config(KT_CONFIG_FIELDS);
+    if (!read_global("ktune_abi_version", &abi, sizeof abi, err) ||
+        !read_global("ktune_config", config.data(), config.size() * sizeof(int), err) ||
+        !read_global("ktune_scratch_bytes", scratch, sizeof *scratch, err))
+      return false;
+    if (!abi_supported(abi, err)) return false;
+    if (!check_signature(config.data(), kimi::config_signature(cfg_), err)) return false;
+    ReadSymbol read = [&](const char* name, void* out, size_t bytes, bool* absent, std::string* e) {
+      return read_global(name, out, bytes, e, absent);
+    };
+    std::vector<KtLaunch> steps, prepare;
+    return read_launch_table(kStepTable, read, &steps, err) && read_launch_table(kPrepareTable, read, &prepare, err) &&
+           resolve(steps, prepare, err);
+  }
+
+  // Each kernel either table names, once, with room for the most dynamic
+  // shared memory any entry gives it; then each entry's grid, so nothing but
+  // launches sits between the timing events of a step.
+  bool resolve(const std::vector<KtLaunch>& steps, const std::vector<KtLaunch>& prepare, std::string* err) {
+    std::map<int, std::pair<CUfunction, int>> kernels;  // kernel -> function, largest smem
+    for (const auto* table : {&steps, &prepare})
+      for (const KtLaunch& l : *table) {
+        auto [it, fresh] = kernels.try_emplace(l.kernel, CUfunction{}, 0);
+        it->second.second = std::max(it->second.second, l.smem);
+        if (!fresh) continue;
+        std::string fname = "ktune_k" + std::to_string(l.kernel);
+        CUresult r = drv_.ModuleGetFunction(&it->second.first, module_, fname.c_str());
+        if (r != CUDA_SUCCESS) {
+          *err = std::string(table == &steps ? "the launch table" : "the prepare table") + " names " + fname +
+                 ", which the cubin lacks: " + drv_.message(r);
+          return false;
+        }
+      }
+    for (auto& [kernel, fs] : kernels)
+      if (fs.second > 48 * 1024) {
+        CUresult r = drv_.FuncSetAttribute(fs.first, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fs.second);
+        if (r != CUDA_SUCCESS) {
+          *err = "cannot give ktune_k" + std::to_string(kernel) + " " + std::to_string(fs.second) +
+                 " bytes of shared memory: " + drv_.message(r);
+          return false;
+        }
+      }
+    auto grids = [&](const std::vector<KtLaunch>& table, std::vector<Resolved>* out) {
+      for (const KtLaunch& l : table) {
+        CUfunction f = kernels[l.kernel].first;
+        int per_sm = 0;
+        CUresult occ = drv_.Occupancy(&per_sm, f, l.block, size_t(l.smem));
+        if (occ != CUDA_SUCCESS) {
+          *err = "occupancy query failed: " + drv_.message(occ);
+          return false;
+        }
+        int grid = resolve_grid(l, per_sm, sms_);
+        if (grid < 1 || (l.cooperative && grid > per_sm * sms_)) {
+          *err = "a " + std::string(l.cooperative ? "cooperative " : "") + "grid of " + std::to_string(grid) +
+                 " blocks of " + std::to_string(l.block) + " threads cannot run (" + std::to_string(per_sm) +
+                 " fit per SM x " + std::to_string(sms_) + " SMs)";
+          return false;
+        }
+        out->push_back({l, f, grid});
+      }
+      return true;
+    };
+    return grids(steps, &steps_) && grids(prepare, &prepare_);
+  }
+
+  CUresult launch(const Resolved& e, KimiDeviceArgs* args) {
+    KtLaunchArgs la = e.l.args;
+    void* params[] = {args, &la};
+    return e.l.cooperative
+               ? drv_.LaunchCooperativeKernel(e.f, e.grid, 1, 1, e.l.block, 1, 1, e.l.smem, nullptr, params)
+               : drv_.LaunchKernel(e.f, e.grid, 1, 1, e.l.block, 1, 1, e.l.smem, nullptr, params, nullptr);
+  }
+
+  // Zeroes the variant's scratch and runs its prepare table (abi.h), each
+  // launch finished before the next, so a failure names its launch. Outside
+  // the step's events and CUPTI's count: never timed, never counted.
+  bool reset_scratch(std::string* err) {
+    if (scratch_ && !check(cudaMemset(scratch_, 0, scratch_bytes_), "zeroing scratch", err)) return false;
+    KimiDeviceArgs a = prepare_args(args_, static_cast<uint8_t*>(scratch_));
+    for (size_t i = 0; i < prepare_.size(); ++i) {
+      CUresult r = launch(prepare_[i], &a);
+      cudaError_t e = r == CUDA_SUCCESS ? cudaDeviceSynchronize() : cudaSuccess;
+      if (r == CUDA_SUCCESS && e == cudaSuccess) continue;
+      fault_ = r != CUDA_SUCCESS ? is_sticky(r) : is_sticky(e);
+      *err = prepare_error(i, prepare_[i].l, r != CUDA_SUCCESS ? drv_.message(r) : rt_message(e));
+      return false;
+    }
+    return true;
+  }
+
   static StepStatus fail(StepStatus& s, const std::string& msg, bool fault = false) {
     s.ok = false;
     s.fault = fault;
@@ -386,10 +438,12 @@ class CudaBackend : public RunnerBackend {
     dst->resize(n);
     return check(cudaMemcpy(dst->data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), "download", err);
   }
-  bool read_global(const char* name, void* out, size_t bytes, std::string* err) {
+  // *absent (when given) tells a symbol the cubin lacks from other failures.
+  bool read_global(const char* name, void* out, size_t bytes, std::string* err, bool* absent = nullptr) {
     CUdeviceptr p;
     size_t size = 0;
     CUresult r = drv_.ModuleGetGlobal(&p, &size, module_, name);
+    if (absent) *absent = r == CUDA_ERROR_NOT_FOUND;
     if (r != CUDA_SUCCESS || size < bytes) {
       *err = std::string("the cubin does not export ") + name + (r != CUDA_SUCCESS ? ": " + drv_.message(r) : "");
       return false;
@@ -404,15 +458,16 @@ class CudaBackend : public RunnerBackend {
   void* weights_ = nullptr;
   size_t weight_bytes_ = 0;
   void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  bool fault_ = false;  // a prepare launch left the context unusable
   void* trace_ = nullptr;
   size_t trace_words_ = 0;
   uint16_t* x_[2] = {nullptr, nullptr};
   int* topk_ = nullptr;
   KimiDeviceArgs args_{};
   CUmodule module_ = nullptr;
-  std::map<int, CUfunction> functions_;
-  std::vector<KtLaunch> launches_;
-  std::vector<int> grids_;  // resolved grid of each launch
+  std::vector<Resolved> steps_;    // the step's launch table
+  std::vector<Resolved> prepare_;  // the prepare table (abi.h), empty when the variant has none
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
 };
 

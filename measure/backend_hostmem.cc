@@ -10,6 +10,7 @@
 #include "kernels/kimi/templates.h"
 #include "measure/backend_hostmem.h"
 #include "measure/device_args.h"
+#include "measure/launch_table.h"
 
 namespace ktune::measure {
 
@@ -22,7 +23,7 @@ HostMemoryBackend::HostMemoryBackend(const kimi::KimiConfig& cfg) : cfg_(cfg) {}
 bool HostMemoryBackend::init(const kimi::KimiWeights& w, int capacity, std::string* err) {
   capacity_ = capacity;
   args_ = KimiDeviceArgs{};
-  return bind_weights(w, &args_, err);
+  return bind_weights(w, &args_, err) && (!variant_ || prepare_scratch(err));
 }
 
 bool HostMemoryBackend::load(const std::string& artifact, std::string* err) {
@@ -38,7 +39,20 @@ bool HostMemoryBackend::load(const std::string& artifact, std::string* err) {
   // Zeroed once per load, as on the GPU: a variant keeps its own invariants
   // (counters, barrier state) in scratch across steps.
   scratch_.assign(size_t(variant_->scratch_bytes()) + 64, 0);
+  if (!prepare_scratch(err)) {
+    variant_.reset();
+    return false;
+  }
   return true;
+}
+
+bool HostMemoryBackend::prepare_scratch(std::string* err) {
+  std::fill(scratch_.begin(), scratch_.end(), 0);
+  return run_prepare(prepare_args(args_, scratch()), err);
+}
+
+uint8_t* HostMemoryBackend::scratch() {
+  return scratch_.data() + (64 - reinterpret_cast<uintptr_t>(scratch_.data()) % 64) % 64;
 }
 
 bool HostMemoryBackend::put_state(const kimi::KimiState& st, const std::vector<uint16_t>& token, std::string* err) {
@@ -78,7 +92,7 @@ StepStatus HostMemoryBackend::step(int context, bool count_launches) {
   args_.x_in = x_[current_].data();
   args_.x_out = x_[1 - current_].data();
   args_.topk_out = topk_.data();
-  args_.scratch = scratch_.data() + (64 - reinterpret_cast<uintptr_t>(scratch_.data()) % 64) % 64;
+  args_.scratch = scratch();
   std::fill(trace_.begin(), trace_.end(), 0);
   args_.trace = trace_.empty() ? nullptr : reinterpret_cast<float*>(trace_.data());
   double t0 = mono_seconds();
@@ -196,20 +210,40 @@ bool EmuBackend::accepts(const LoadedVariant& v, std::string* err) {
 
 int EmuBackend::declared_launches() const { return variant_ ? int(variant_->launches().size()) : -1; }
 
+bool EmuBackend::launch(const KtLaunch& l, const KimiDeviceArgs& args, std::string* err) {
+  char msg[512] = {0};
+  // One block per SM "fits": the emulator has no occupancy limit of its own.
+  if (variant_->emu_launch()(l.kernel, resolve_grid(l, 1, sms()), l.block, l.smem, l.cooperative, &args, &l.args, msg,
+                             sizeof msg))
+    return true;
+  *err = msg;
+  return false;
+}
+
 StepStatus EmuBackend::run_step(bool) {
   StepStatus s;
   s.launches = 0;
   for (const KtLaunch& l : variant_->launches()) {
-    int grid = l.grid > 0 ? l.grid : (l.grid == 0 ? sms() : -l.grid * sms());
-    char msg[512] = {0};
-    if (!variant_->emu_launch()(l.kernel, grid, l.block, l.smem, l.cooperative, &args_, &l.args, msg, sizeof msg)) {
+    if (!launch(l, args_, &s.error)) {
       s.ok = false;
-      s.error = msg;
       return s;
     }
     ++s.launches;
   }
   return s;
+}
+
+// Outside the step: not timed, not counted (run_step counts its own).
+bool EmuBackend::run_prepare(const KimiDeviceArgs& args, std::string* err) {
+  const std::vector<KtLaunch>& table = variant_->prepare();
+  for (size_t i = 0; i < table.size(); ++i) {
+    std::string why;
+    if (!launch(table[i], args, &why)) {
+      *err = prepare_error(i, table[i], why);
+      return false;
+    }
+  }
+  return true;
 }
 
 json EmuBackend::probe(std::string*) { return json::array(); }

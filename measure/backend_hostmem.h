@@ -12,6 +12,8 @@ namespace ktune::measure {
 class HostMemoryBackend : public RunnerBackend {
  public:
   explicit HostMemoryBackend(const kimi::KimiConfig& cfg);
+  // Also re-runs the prepare table (abi.h) of a loaded variant on zeroed
+  // scratch, so scratch never holds a function of other weights.
   bool init(const kimi::KimiWeights& w, int capacity, std::string* err) override;
   bool load(const std::string& artifact, std::string* err) override;
   int declared_launches() const override { return -1; }
@@ -24,6 +26,13 @@ class HostMemoryBackend : public RunnerBackend {
  protected:
   virtual bool accepts(const LoadedVariant& v, std::string* err) = 0;
   virtual StepStatus run_step(bool count_launches) = 0;
+  // Runs the loaded variant's prepare table with these arguments (abi.h);
+  // host variants have none.
+  virtual bool run_prepare(const KimiDeviceArgs&, std::string*) { return true; }
+  // Zeroes the variant's scratch, then runs its prepare table.
+  bool prepare_scratch(std::string* err);
+  // The variant's scratch, 64-byte aligned.
+  uint8_t* scratch();
 
   const kimi::KimiConfig cfg_;
   int capacity_ = 0;
@@ -62,6 +71,9 @@ class EmuBackend : public HostMemoryBackend {
   int sms() const;
   bool accepts(const LoadedVariant& v, std::string* err) override;
   StepStatus run_step(bool count_launches) override;
+  bool run_prepare(const KimiDeviceArgs& args, std::string* err) override;
+  // One entry of a launch table; false with the emulator's message.
+  bool launch(const KtLaunch& l, const KimiDeviceArgs& args, std::string* err);
 };
 
 }  // namespace ktune::measure

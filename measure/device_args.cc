@@ -59,4 +59,23 @@ void bind_state(const kimi::KimiConfig& c, kimi::KimiState* st, KimiDeviceArgs* 
   a->context = st->context;
 }
 
+KimiDeviceArgs prepare_args(const KimiDeviceArgs& a, uint8_t* scratch) {
+  KimiDeviceArgs p{};
+  for (int i = 0; i < KT_MAX_LAYERS; ++i) {
+    const KtLayer& from = a.layers[i];
+    KtLayer& to = p.layers[i];
+    to.attn_norm = from.attn_norm;
+    to.moe_norm = from.moe_norm;
+    to.kda = from.kda;
+    to.kda.S = nullptr;
+    for (auto& w : to.kda.win) w = nullptr;
+    to.mla = from.mla;
+    to.mla.c_kv = nullptr;
+    to.mla.k_rope = nullptr;
+    to.moe = from.moe;
+  }
+  p.scratch = scratch;
+  return p;
+}
+
 }  // namespace ktune::measure

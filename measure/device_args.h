@@ -20,5 +20,9 @@ using PlaceTensor = std::function<const void*(const void*)>;
 bool bind_weights(const kimi::KimiWeights& w, KimiDeviceArgs* a, std::string* err, const PlaceTensor& place = {});
 // State buffers of `st` into `a` (S, conv windows, caches; context).
 void bind_state(const kimi::KimiConfig& cfg, kimi::KimiState* st, KimiDeviceArgs* a);
+// The arguments of a prepare launch (abi.h): `a`'s weights and `scratch`;
+// the step's inputs, outputs, state and trace null, context 0, so a
+// prepare kernel can compute nothing but a function of the weights.
+KimiDeviceArgs prepare_args(const KimiDeviceArgs& a, uint8_t* scratch);
 
 }  // namespace ktune::measure

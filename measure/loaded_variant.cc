@@ -2,6 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <cstring>
+
+#include "measure/launch_table.h"
+
 namespace ktune::measure {
 
 LoadedVariant::~LoadedVariant() {
@@ -35,22 +39,21 @@ bool LoadedVariant::load(const std::string& path, const std::vector<int>& signat
     *err = "variant does not export ktune_abi_version, ktune_config and ktune_scratch_bytes";
     return false;
   }
-  if (*abi != KT_ABI_VERSION) {
-    *err = "variant ABI version " + std::to_string(*abi) + ", runner speaks " + std::to_string(KT_ABI_VERSION);
-    return false;
-  }
+  if (!abi_supported(*abi, err)) return false;
   if (!check_signature(config, signature, err)) return false;
   scratch_bytes_ = *scratch;
   host_step_ = reinterpret_cast<KtHostStepFn>(sym("ktune_host_step"));
   emu_launch_ = reinterpret_cast<KtEmuLaunchFn>(sym("ktune_emu_launch"));
   if (emu_launch_) {
-    auto* n = static_cast<int*>(sym("ktune_num_launches"));
-    auto* table = static_cast<KtLaunch*>(sym("ktune_launches"));
-    if (!n || !table || *n < 1 || *n > KT_MAX_LAUNCHES) {
-      *err = "variant exports no valid launch table (ktune_num_launches, ktune_launches)";
+    ReadSymbol read = [&](const char* name, void* out, size_t bytes, bool* absent, std::string* e) {
+      const void* p = sym(name);
+      *absent = !p;
+      if (!p) *e = std::string("variant does not export ") + name;
+      else std::memcpy(out, p, bytes);
+      return p != nullptr;
+    };
+    if (!read_launch_table(kStepTable, read, &launches_, err) || !read_launch_table(kPrepareTable, read, &prepare_, err))
       return false;
-    }
-    launches_.assign(table, table + *n);
   }
   if (!host_step_ && !emu_launch_) {
     *err = "variant exports neither ktune_host_step nor ktune_emu_launch";

@@ -27,8 +27,10 @@ class LoadedVariant {
   long long scratch_bytes() const { return scratch_bytes_; }
   // Host variants: one decode step.
   KtHostStepFn host_step() const { return host_step_; }
-  // Emulated CUDA variants: the launch table and the launcher.
+  // Emulated CUDA variants: the step's launch table, the prepare table
+  // (empty when the variant has none; abi.h) and the launcher.
   const std::vector<KtLaunch>& launches() const { return launches_; }
+  const std::vector<KtLaunch>& prepare() const { return prepare_; }
   KtEmuLaunchFn emu_launch() const { return emu_launch_; }
 
  private:
@@ -37,6 +39,7 @@ class LoadedVariant {
   KtHostStepFn host_step_ = nullptr;
   KtEmuLaunchFn emu_launch_ = nullptr;
   std::vector<KtLaunch> launches_;
+  std::vector<KtLaunch> prepare_;
 };
 
 // Checks an exported ktune_config against the expected one; describes the

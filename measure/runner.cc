@@ -138,8 +138,15 @@ struct Runner {
       return {{"ok", true}, {"probes", p}};
     }
     if (op == "load") {
+      // The variant's prepare table runs inside load: a prepare kernel that
+      // faults is a device_fault (and the runner exits); one that hangs
+      // leaves this request unanswered, and the client's deadline makes it
+      // a timeout.
       loaded = backend->load(req.value("artifact", std::string()), &err);
-      if (!loaded) return failure("launch_error", err);
+      if (!loaded) {
+        *fatal = backend->faulted();
+        return failure(*fatal ? "device_fault" : "launch_error", err);
+      }
       return {{"ok", true}, {"declared_launches", backend->declared_launches()}};
     }
     if (op == "validate" || op == "time" || op == "profile") {

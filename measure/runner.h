@@ -5,6 +5,7 @@
 //   {"op":"hello"}                      -> {"ok":true,"facts":{...}}
 //   {"op":"probe"}                      -> {"ok":true,"probes":[{name,value,unit,detail}]}
 //   {"op":"load","artifact":PATH}       -> {"ok":true,"declared_launches":N}
+//        (runs the variant's prepare table, if any, before answering: abi.h)
 //   {"op":"validate","cases":[{"seed":S,"context":L}],"out_dir":DIR}
 //        -> {"ok":true,"files":[...],"launches_per_step":N,"step_us":[...]}
 //           (each file: safetensors with hidden, L{i}.S/cq/ck/cv, L{i}.c_kv_row/k_rope_row, topk)

@@ -27,11 +27,17 @@ class RunnerBackend {
   virtual std::string name() const = 0;
   // Device facts for the record (name, SMs, caches, versions, ...).
   virtual json facts() = 0;
-  // Makes the weights resident; caches get room for `capacity` rows.
+  // Makes the weights resident; caches get room for `capacity` rows. With
+  // a variant loaded, runs its prepare table again (abi.h).
   virtual bool init(const kimi::KimiWeights& w, int capacity, std::string* err) = 0;
-  // Loads a built variant (replacing the previous one). A false return is
-  // the variant's launch_error.
+  // Loads a built variant (replacing the previous one), zeroes its scratch
+  // and runs its prepare table (abi.h), if it has one, to completion. A
+  // false return is the variant's launch_error, or its device_fault when
+  // faulted() says so.
   virtual bool load(const std::string& artifact, std::string* err) = 0;
+  // True once a failure outside a step (a prepare launch) left the device
+  // unusable: the runner then exits, as after a step's fault.
+  virtual bool faulted() const { return false; }
   // The variant's launches per step as declared (its launch table), -1 if
   // the backend cannot know before running.
   virtual int declared_launches() const = 0;

@@ -77,7 +77,7 @@ TEST_CASE("all CUDA kernels compile for sm_90") {
   agent::Variant base;
   REQUIRE(agent::render_variant(cfg, spec, *kimi::find_template("kimi-base-cuda"), {}, "", &base, &err));
   jobs.push_back({"baseline", base.source});
-  for (const char* f : {"cuda_fault.cu", "cuda_hang.cu"}) {
+  for (const char* f : {"cuda_fault.cu", "cuda_hang.cu", "cuda_prepare.cu"}) {
     std::string text;
     REQUIRE(read_file(std::string(KTUNE_SOURCE_DIR) + "/tests/data/" + f, &text, &err));
     agent::Variant v;

@@ -141,6 +141,7 @@ TEST_CASE("export: errors say what is wrong") {
   fails_with({"--knobs", "{\"threads\": 100}", "--out", out}, "invalid knobs");
   fails_with({"--knobs", "[1", "--out", out}, "not a JSON object");
   fails_with({"--knobs", "{}", "--size", "huge", "--out", out}, "huge");
+  fails_with({"--knobs", "{\"stages\": 12, \"feed\": \"bulk\"}", "--out", out}, "prepare table");
   fails_with({"--db", db, emu.id, "--knobs", "{}", "--out", out}, "not both");
   fails_with({"--out", out}, "no variant");
   CHECK_FALSE(file_exists(out));

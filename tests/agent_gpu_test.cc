@@ -14,6 +14,7 @@
 #include "measure/golden_check.h"
 #include "measure/runner_backend.h"
 #include "sandbox/build_cache.h"
+#include "tests/measure_fixture.h"
 
 using namespace ktune;
 
@@ -100,6 +101,67 @@ TEST_SUITE("gpu") {
     }
   }
 
+  TEST_CASE("GPU: a variant's prepare table runs once per load, before the first step, on the weights alone") {
+    // tests/measure_prepare_test.cc's first case on the device.
+    if (!have_gpu()) return;
+    kimi::KimiConfig cfg;
+    std::string err;
+    REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+    const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
+    const unsigned sum = measure::testing::prepare_router_sum(w);
+    REQUIRE(sum != 0);
+    auto prepare_variant = [&](int mode) {
+      return build_cuda(cfg, "kimi-mega-cuda", {}, "#define KT_TEST_PREPARE " + std::to_string(mode) + "\n" +
+                                                       test_data("cuda_prepare.cu"));
+    };
+    using measure::testing::step_words;
+    using measure::testing::words;
+    auto be = measure::make_backend("cuda", cfg, &err);
+    REQUIRE_MESSAGE(be, err);
+    REQUIRE_MESSAGE(be->init(w, 512, &err), err);
+    REQUIRE_MESSAGE(be->load(prepare_variant(1), &err), err);
+    CHECK(be->declared_launches() == 1);
+    // {router sum, prepare runs, steps, 2 * sum + 1 (k2 after k1), 1: prepare saw no step arguments}
+    CHECK(step_words(*be, cfg, 5) == words({sum, 1, 1, 2 * sum + 1, 1}));
+    CHECK(step_words(*be, cfg, 6, false) == words({sum, 1, 2, 2 * sum + 1, 1}));
+    REQUIRE_MESSAGE(be->load(prepare_variant(1), &err), err);
+    CHECK(step_words(*be, cfg, 5) == words({sum, 1, 1, 2 * sum + 1, 1}));
+    REQUIRE_MESSAGE(be->load(prepare_variant(0), &err), err);
+    CHECK(step_words(*be, cfg, 5) == words({0, 0, 1, 0, 0}));
+    // A malformed table is refused by name.
+    CHECK_FALSE(be->load(prepare_variant(2), &err));
+    CHECK(err == "ktune_num_prepare = -1 is out of range (0..64)");
+  }
+
+  TEST_CASE("GPU: a prepare kernel that faults is a device_fault, one that hangs a timeout, and the runner goes on") {
+    if (!have_gpu()) return;
+    kimi::KimiConfig cfg;
+    std::string err, work;
+    REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+    auto prepare_variant = [&](int mode) {
+      return build_cuda(cfg, "kimi-mega-cuda", {}, "#define KT_TEST_PREPARE " + std::to_string(mode) + "\n" +
+                                                       test_data("cuda_prepare.cu"));
+    };
+    const std::string hang = prepare_variant(4), fault = prepare_variant(5), good = prepare_variant(1);
+    REQUIRE(make_temp_dir("/tmp", "ktune-gpu-test-", &work, &err));
+    measure::RunnerClient runner;
+    measure::testing::start_runner(&runner, env_or("KTUNE_RUNNER", std::string(KTUNE_BINARY_DIR) + "/ktune-runner"),
+                                   "cuda", "tiny", work);
+    auto load = [&](const std::string& cubin) { return runner.call({{"op", "load"}, {"artifact", cubin}}, 5); };
+    measure::RunnerReply r = load(fault);
+    std::printf("gpu prepare fault: %s: %s\n", r.outcome.c_str(), r.error.c_str());
+    CHECK(r.outcome == "device_fault");
+    CHECK(r.error.find("prepare launch 0 (ktune_k1) failed: ") == 0);
+    r = load(hang);
+    std::printf("gpu prepare hang: %s: %s\n", r.outcome.c_str(), r.error.c_str());
+    CHECK(r.outcome == "timeout");
+    r = load(good);
+    CHECK(r.ok);
+    CHECK(runner.starts() == 3);
+    runner.stop();
+    remove_tree(work);
+  }
+
   TEST_CASE("GPU: megakernel knob settings validate against the oracle; faults and hangs are outcomes") {
     if (!have_gpu()) return;
     kimi::KimiConfig cfg;
@@ -112,13 +174,8 @@ TEST_SUITE("gpu") {
     std::string work;
     REQUIRE(make_temp_dir("/tmp", "ktune-gpu-test-", &work, &err));
     measure::RunnerClient runner;
-    measure::RunnerOptions ro;
-    ro.runner = env_or("KTUNE_RUNNER", std::string(KTUNE_BINARY_DIR) + "/ktune-runner");
-    ro.backend = "cuda";
-    ro.size = "small";
-    ro.workdir = work + "/runner";
-    ro.log_path = work + "/runner.log";
-    REQUIRE_MESSAGE(runner.start(ro, &err), err);
+    measure::testing::start_runner(&runner, env_or("KTUNE_RUNNER", std::string(KTUNE_BINARY_DIR) + "/ktune-runner"),
+                                   "cuda", "small", work);
     measure::OraclePool oracle(w);
     agent::Evaluator ev(w, spec, runner, oracle, work + "/runner", measure::Gate{}, 20);
     std::vector<std::pair<int, int>> cases;

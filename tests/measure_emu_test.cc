@@ -20,7 +20,7 @@
 #include "measure/golden_check.h"
 #include "measure/profile_trace.h"
 #include "measure/validate.h"
-#include "sandbox/build_cache.h"
+#include "tests/measure_fixture.h"
 
 using namespace ktune;
 
@@ -34,20 +34,7 @@ std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, cons
   REQUIRE(t);
   auto defines = kimi::config_defines(cfg);
   for (auto& [k, v] : variants::knob_defines(t->space, t->space.complete(knobs))) defines[k] = v;
-  std::string src, err;
-  REQUIRE_MESSAGE(variants::render_source(defines, "#include \"kernels/emu/cuda_emu.h\"\n" +
-                                                       *variants::embedded_file(t->file) + extra, &src, &err), err);
-  sandbox::BuildCache cache(join_path(cache_dir(), "test-builds"));
-  sandbox::BuildRequest req;
-  req.source = src;
-  req.source_name = "variant.cc";
-  req.artifact_name = "variant.so";
-  req.command = {"g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", "{out}", "-x", "c++", "{src}"};
-  req.compiler_id = "g++";
-  req.timeout_s = 600;
-  sandbox::BuildResult r = cache.build(req);
-  REQUIRE_MESSAGE(r.ok, r.log);
-  return r.artifact;
+  return measure::testing::build_emu_source(defines, *variants::embedded_file(t->file) + extra);
 }
 
 // Loads a golden file; false, with a visible message, when the vectors are
@@ -173,6 +160,29 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   golden_through_emu("kimi-top8.safetensors", {{"reduce", "atomic"}, {"threads", 128}, {"stages", 2}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"reduce", "atomic"}, {"threads", 128}, {"gemv_code", "lean"}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
+TEST_CASE("emulated CUDA megakernel with the bulk feed reproduces golden kimi-top8") {
+  // The prepare table repacks every GEMV matrix into stages (kimi-top8's
+  // kv_a has a partial last tile: padded columns); one thread streams them
+  // through the ring by bulk copies on mbarriers, the block's next item
+  // behind the current one and a phase's first stages before its barrier
+  // (early). On 3 SMs: several items per block and phase; 4 warps
+  // (two chunks of a stage each) with a 2-deep ring and no early issue; on
+  // 32 SMs with the k-split sums added by atomics.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 4}, {"feed", "bulk"}});
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 2}, {"feed", "bulk"}, {"early", 0}, {"threads", 128}});
+  // next: the block's next item behind the current one (32 SMs: k-split
+  // tiles, several items per block); stream: also the next GEMV phase's
+  // first item behind a phase's last
+  // (o_proj's behind q,k,v,g across the KDA update; the next layer's
+  // behind down; the MoE's shared experts behind o_proj).
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 16}, {"feed", "stream"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "next"}, {"reduce", "atomic"}});
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 6}, {"feed", "stream"}, {"threads", 128}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 

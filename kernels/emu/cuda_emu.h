@@ -245,6 +245,48 @@ inline bool launch(KernelFn fn, unsigned grid, unsigned block, size_t smem, bool
   return true;
 }
 
+// ---- mbarriers and bulk copies (cp.async.bulk) ----------------------------
+// An emulated mbarrier is its 8 bytes of shared memory read as: the
+// arrivals each phase expects, the arrivals still pending, the phase's
+// parity, and the transaction bytes still pending. A bulk copy happens at
+// once (memcpy) and completes its bytes on the barrier right away, so a
+// waiter only ever waits for other threads' arrivals.
+struct Mbar {
+  uint32_t expected : 12, pending : 12, parity : 1;
+  int32_t tx;
+};
+inline Mbar& mbar(void* p) {
+  static_assert(sizeof(Mbar) == 8, "an mbarrier is 8 bytes");
+  return *static_cast<Mbar*>(p);
+}
+inline void mbar_complete_if_done(Mbar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    b.parity ^= 1;
+    b.pending = b.expected;
+  }
+}
+inline void mbar_init(void* p, unsigned count) {
+  Mbar& b = mbar(p);
+  b.expected = b.pending = count;
+  b.parity = 0;
+  b.tx = 0;
+}
+inline void mbar_arrive(void* p, int tx_bytes) {
+  Mbar& b = mbar(p);
+  b.tx += tx_bytes;
+  --b.pending;
+  mbar_complete_if_done(b);
+}
+inline void mbar_complete_tx(void* p, int bytes) {
+  Mbar& b = mbar(p);
+  b.tx -= bytes;
+  mbar_complete_if_done(b);
+}
+// Phase `parity` has completed once the barrier's parity moved past it.
+inline void mbar_wait(void* p, unsigned parity) {
+  while (mbar(p).parity == parity) yield();
+}
+
 }  // namespace kt_emu
 
 #define threadIdx kt_emu::g_threadIdx

@@ -46,11 +46,18 @@ KnobSpace cuda_mega_space() {
       {"sched", "KT_SCHED", {"static", "dynamic"}, "static",
        "GEMV work items after a block's first: round-robin by block index, or taken from a per-phase "
        "atomic counter, so blocks whose loads return sooner take more items"},
-      {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12}, 0,
+      {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12, 16, 20}, 0,
        "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async ring through shared "
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
+      {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream"}, "cp_async",
+       "with stages: how a stage reaches shared memory: every thread copies 16-byte pieces of the weights as "
+       "stored (cp.async, a block barrier per stage); or one thread copies the stage in one piece (a bulk "
+       "copy on the copy engine, completion and release on mbarriers) from a copy of the weights repacked "
+       "once per load (the prepare table) into stages with the nibbles laid out for the mma, each item's "
+       "stages issued from its start (bulk), the block's next item's streaming behind the current one's "
+       "(next), and also the next GEMV phase's first item's behind a phase's last (stream)"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -90,6 +97,12 @@ KnobSpace cuda_mega_space() {
     // Three 32-row tiles and their scores need ~136 KB of shared memory; two blocks do not fit on an SM.
     if (p["attn"].get<std::string>() == "mma" && p["attn_rows"].get<int>() == 32 && p["blocks_per_sm"].get<int>() > 1) {
       *why = "attn_rows 32 needs blocks_per_sm 1 (shared memory)";
+      return false;
+    }
+    // The bulk feed streams the staged path's stages into mma fragments.
+    if (p["feed"].get<std::string>() != "cp_async" &&
+        (p["stages"].get<int>() == 0 || p["dequant"].get<std::string>() != "mma")) {
+      *why = "feed bulk, next and stream need stages > 0 and dequant mma";
       return false;
     }
     // The lean loop is one shape: two batches in flight, scales one group ahead.

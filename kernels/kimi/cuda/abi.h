@@ -8,12 +8,28 @@
 //
 // Sizes are compile-time: the renderer prepends #defines KT_D, KT_KH, ...
 // (see variants/) and the runner checks ktune_config against its task.
+//
+// A variant exports these __device__ globals, with C linkage (see the end
+// of this file for the prepare table):
+//   int ktune_abi_version                  KT_ABI_VERSION
+//   int ktune_config[KT_CONFIG_FIELDS]     the sizes it was built for
+//   long long ktune_scratch_bytes          variant-owned device memory it needs
+//   int ktune_num_launches                 1..KT_MAX_LAUNCHES entries ...
+//   KtLaunch ktune_launches[]              ... of the step's launch table
+//   int ktune_num_prepare                  optional: 0..KT_MAX_PREPARE entries ...
+//   KtLaunch ktune_prepare[]               ... of the once-per-load table
 #pragma once
 #include <stdint.h>
 
-#define KT_ABI_VERSION 1
+// 2: the optional prepare table (ktune_num_prepare, ktune_prepare).
+#define KT_ABI_VERSION 2
+// Version 1 is version 2 without the prepare table, so the runner still
+// loads it: sessions recorded before the table (their sources carry the old
+// header) replay and resume.
+#define KT_ABI_OLDEST 1
 #define KT_MAX_LAYERS 4
 #define KT_MAX_LAUNCHES 4096
+#define KT_MAX_PREPARE 64
 
 // One W4A16 matrix: w_q [K/2, N] bytes, scales / zeros bf16 [K/128, N].
 struct KtW4 {
@@ -95,3 +111,37 @@ struct KtLaunch {
 // {hidden, kda_heads, kda_head_dim, mla_heads, kv_lora, qk_nope, qk_rope,
 //  v_head, n_experts, n_active, n_shared, moe_inter, group, layers,
 //  pattern bits (bit i set = layer i is M)}
+
+// ---- The prepare table: once per load, never timed ----------------------
+// The task spec lets a fast implementation "repack the weights once, when
+// they are loaded (outside the timed step), into whatever layout its kernel
+// streams best". A variant does that with a second launch table, optional:
+//
+//   extern "C" {
+//   __device__ int ktune_num_prepare = 1;        // 0..KT_MAX_PREPARE
+//   __device__ KtLaunch ktune_prepare[1] = {{2, -1, 256, 0, 0, {{0, 0, 0, 0}}}};
+//   }
+//
+// Entries have the format of ktune_launches (same kernels ktune_kN, same
+// grid rules, same kernel parameters: a KimiDeviceArgs and the entry's
+// KtLaunchArgs). A variant that exports neither symbol has no prepare step;
+// a count outside 0..KT_MAX_PREPARE, or a count without the table, is a load
+// error (launch_error) naming the symbol.
+//
+// What the runner guarantees:
+//  - it launches the table in order, each launch finished before the next,
+//    after the variant is loaded and its scratch zeroed, and before any step;
+//  - again, on zeroed scratch, whenever the weights are (re)made resident
+//    while the variant is loaded, so scratch never holds a function of other
+//    weights than the step's;
+//  - the launches are never timed and never counted as the step's launches.
+// What a prepare kernel sees: the weights (read-only) and `scratch`, nothing
+// else. Everything the step brings (x_in, x_out, context, topk_out, the KDA
+// state S and windows, the MLA caches, trace) is null or 0 then: it is not
+// set yet, and changes with every step. So the only thing a prepare table
+// can do is write a function of the weights alone (a repacked copy of a
+// matrix, precomputed scales, ...) into scratch, which the step's kernels
+// then read. It is untrusted variant code like the rest: a prepare kernel
+// that faults or hangs is the attempt's device_fault or timeout, and it
+// cannot touch the step's timing or its validation (the runner writes the
+// inputs and the state, and poisons the outputs, after it has run).

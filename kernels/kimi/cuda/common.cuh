@@ -254,6 +254,87 @@ KT_DEV void kt_cp_async_wait() {
 #endif
 }
 
+// ---- mbarriers and bulk copies into shared memory ---------------------------
+// An mbarrier (8 bytes of shared memory) completes a phase when `count`
+// arrivals and every byte announced by arrive_expect_tx have come in; a
+// bulk copy (the copy engine: one instruction, no registers, no load slots
+// held while in flight) completes its bytes on one. Waiters name the phase
+// by its parity. The emulator copies at once (kernels/emu/cuda_emu.h).
+KT_DEV uint32_t kt_smem_addr(const void* p) {
+#ifdef KT_EMULATION
+  (void)p;
+  return 0;
+#else
+  return uint32_t(__cvta_generic_to_shared(p));
+#endif
+}
+KT_DEV void kt_mbar_init(uint64_t* bar, unsigned count) {
+#ifdef KT_EMULATION
+  kt_emu::mbar_init(bar, count);
+#else
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kt_smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+// After a block's mbarriers are initialised, before others use them (then a
+// __syncthreads).
+KT_DEV void kt_mbar_fence_init() {
+#ifndef KT_EMULATION
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+KT_DEV void kt_mbar_arrive(uint64_t* bar) {
+#ifdef KT_EMULATION
+  kt_emu::mbar_arrive(bar, 0);
+#else
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(kt_smem_addr(bar)) : "memory");
+#endif
+}
+// One arrival that also announces `bytes` still to come (by bulk copies).
+KT_DEV void kt_mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#ifdef KT_EMULATION
+  kt_emu::mbar_arrive(bar, int(bytes));
+#else
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(kt_smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+KT_DEV void kt_mbar_wait(uint64_t* bar, unsigned parity) {
+#ifdef KT_EMULATION
+  kt_emu::mbar_wait(bar, parity);
+#else
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(
+          kt_smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Orders this thread's earlier generic-proxy accesses to shared memory
+// (reads of a ring slot) before its later bulk copies into it.
+KT_DEV void kt_fence_proxy_async() {
+#ifndef KT_EMULATION
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
+// shared memory, completing on `bar`; first to evict from L2 (weights are
+// read once per step).
+KT_DEV void kt_bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+#ifdef KT_EMULATION
+  memcpy(smem, gmem, bytes);
+  kt_emu::mbar_complete_tx(bar, int(bytes));
+#else
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          kt_smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(kt_smem_addr(bar)), "l"(policy)
+      : "memory");
+#endif
+}
+
 // ---- acquire / release on global counters --------------------------------------
 KT_DEV unsigned kt_ld_acquire(const unsigned* p) {
 #ifdef KT_EMULATION

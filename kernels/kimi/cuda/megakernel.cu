@@ -61,7 +61,15 @@
 // fire-and-forget atomics, and the next phase's input staging adds the
 // residual, so no item waits on a counter or on the other items' partials;
 // the sums' order, so their last bits, then vary from run to run:
-// stage_carried).
+// stage_carried), KT_FEED (with KT_STAGES: 0, every thread cp.asyncs
+// 16-byte pieces of the weights as stored; 1, thread 0 bulk-copies whole
+// stages, one 8.5-KB copy each, from a copy of the weights that the prepare
+// kernel ktune_k1 repacks once per load into stages (nibbles in mma fragment
+// order, scales and 128 + zeros after them), completion and release on
+// mbarriers, warps in groups of 4 taking the stages in turn; 2, the same,
+// the block's next item's stages streamed behind the current one's; 3, also
+// the next GEMV phase's first item's behind a phase's last: gemv_staged,
+// repack_stage).
 #include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
@@ -94,6 +102,7 @@ static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
+static_assert(KT_FEED == 0 || (KT_FEED <= 3 && KT_STAGES > 0 && KT_DEQUANT == 1), "feed bulk, next or stream: stages > 0, dequant mma");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -183,7 +192,9 @@ struct alignas(16) Smem {
   float wden;  // WuvPhase: the combined softmax's denominator
   float lv[E];
   ktune::kimi::topk_detail::Item items[E];
-  alignas(16) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles
+  uint64_t full[STAGES], empty[STAGES];  // KT_FEED 1: a stage landed / every warp is done with it (mbarriers)
+  size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
+  alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
 };
 
@@ -198,9 +209,17 @@ struct Ctx {
   int layer = 0, phase = 0;  // the phase stamped last (profile)
   int items = 0;        // GEMV items this block has finished in that phase
   bool early = false;   // the first stages of this block's next GEMV item are already in flight
-  bool routed = false;  // this block has selected the current MoE layer's experts
+  bool routed = false;  // this block has selected the current MoE layer's experts (false again after its down phase)
   int gemv_phases = 0;  // run_gemv_phase calls so far in this launch (KT_SCHED 1's counter index)
   const float* carried = nullptr;  // KT_REDUCE 1: the sums the last GEMV phase left for the next staging
+  unsigned fed = 0;    // KT_FEED 1: stages thread 0 has issued into the ring this launch
+  unsigned eaten = 0;  // KT_FEED 1: stages the block has consumed (every thread counts)
+  int pre = 0;         // KT_FEED 1: stages of the block's next GEMV item already issued
+  // KT_FEED 1: the block's GEMV item after the current one, when known
+  // (name_next): its stages' count, first group, groups per segment (its
+  // segments' first stages are in c.sm->next_base: an array here would put
+  // the whole context in local memory).
+  int next_n = 0, next_g0 = 0, next_seg_groups = 1, next_seg0 = 0;
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
@@ -231,6 +250,7 @@ KT_DEV void stamp(Ctx& c, int layer, int phase) {
 }
 
 KT_DEV int imin(int a, int b) { return a < b ? a : b; }
+KT_DEV int imax(int a, int b) { return a > b ? a : b; }
 KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // Profile: every block's arrival (its last warp done with the phase).
@@ -297,7 +317,7 @@ KT_DEV float block_max(Ctx& c, float v) {
 // Staging an input vector: every thread first issues all of its 16-byte
 // loads, then uses them, so a block pays one round trip to L2, not one per
 // loop trip.
-constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 constexpr int kNormLoads = cdiv(D / 8, THREADS);              // 16-byte loads per thread, RMSNorm
 constexpr int kVecLoads = cdiv(cmax(C, MO) / 8, THREADS);     // and a staged bf16 vector
 
@@ -419,7 +439,55 @@ struct Seg {
   const uint16_t* ze;
   int N;   // columns of the matrix (bytes per packed row pair)
   int n0;  // the tile's first column in the matrix
+#if KT_FEED >= 1
+  size_t rp;   // the matrix's first stage in the repacked weights (bytes; the layout below)
+  int groups;  // its quantization groups (K / G): stages per tile
+#endif
 };
+// A segment; rp and groups only where the bulk feed reads the repacked
+// copy (elsewhere they would cost registers wherever a Seg is passed).
+KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, int N, int n0, size_t rp, int groups) {
+#if KT_FEED >= 1
+  return Seg{wq, sc, ze, N, n0, rp, groups};
+#else
+  (void)rp;
+  (void)groups;
+  return Seg{wq, sc, ze, N, n0};
+#endif
+}
+
+// ---- the repacked weights (KT_FEED 1) -------------------------------------------
+// The bulk feed reads every GEMV matrix from a copy repacked once per load
+// (the prepare kernel, ktune_k1) into stages laid out as the shared-memory
+// Stage: [ceil(N / TILE) tiles][K / G groups][sizeof(Stage) bytes]. The
+// copy sits in scratch after Scratch, matrices in a fixed order per layer:
+// the attention's (K: q, k, v, g, o; M: q, kv_a, kv_b, o), then the MoE's
+// (gate, up and down of each routed expert, then of each shared one).
+__host__ __device__ constexpr size_t cdivz(size_t a, size_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr size_t repack_bytes(int K, int N) { return cdivz(size_t(N), TILE) * size_t(K / G) * sizeof(Stage); }
+__host__ __device__ constexpr bool m_layer(int l) { return ((KT_PATTERN_M >> l) & 1) != 0; }
+constexpr size_t kKdaRepack = 4 * repack_bytes(D, C) + repack_bytes(C, D);
+constexpr size_t kMlaQ = 0, kMlaKva = repack_bytes(D, QDIM), kMlaKvb = kMlaKva + repack_bytes(D, KVA),
+                 kMlaO = kMlaKvb + repack_bytes(R, KVB), kMlaRepack = kMlaO + repack_bytes(MO, D);
+constexpr size_t kExpertIn = repack_bytes(D, I), kExpertOut = repack_bytes(I, D);
+constexpr size_t kMoeRepack = size_t(E + NSH) * (2 * kExpertIn + kExpertOut);
+// The MoE part's matrices: routed gate, up, down (expert e), then shared.
+__host__ __device__ constexpr size_t moe_repack(bool shared, int which, int e) {
+  const size_t base = shared ? size_t(E) * (2 * kExpertIn + kExpertOut) : 0, n = shared ? NSH : E;
+  return base + (which == 0 ? 0 : which == 1 ? n * kExpertIn : 2 * n * kExpertIn) +
+         size_t(e) * (which == 2 ? kExpertOut : kExpertIn);
+}
+__host__ __device__ constexpr size_t attn_repack_bytes(int l) { return m_layer(l) ? kMlaRepack : kKdaRepack; }
+// Layer l's first stage (its attention part; its MoE part follows).
+__host__ __device__ constexpr size_t layer_repack(int l) {
+  size_t at = 0;
+  for (int i = 0; i < l; ++i) at += attn_repack_bytes(i) + kMoeRepack;
+  return at;
+}
+__host__ __device__ constexpr size_t moe_layer_repack(int l) { return layer_repack(l) + attn_repack_bytes(l); }
+constexpr size_t kRepackOffset = cdivz(sizeof(Scratch), 128) * 128;  // in scratch
+constexpr size_t kRepackBytes = layer_repack(KT_LAYERS);
+static_assert(sizeof(Stage) == 8704 && sizeof(Stage) % 16 == 0, "a stage is one 8.5-KB bulk copy");
 
 // The raw scales and zeros of this lane group's 16 columns at group `grp`
 // (four 16-byte loads, issued early), and their expansion to packed pairs
@@ -515,6 +583,25 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
     acc[bi] += xa0 * kt_lo(pa) + xa1 * kt_hi(pa) + xb0 * kt_lo(pb) + xb1 * kt_hi(pb);
   }
 #endif
+}
+
+// KT_FEED 1: the same from a repacked stage's chunk (repack_stage): word j
+// of the lane's 32 bytes holds mma j's four A registers as nibbles r
+// (bits 4r) and r + 4 (bits 4r + 16), so a register is a shift and a LOP3.
+KT_DEV void chunk_compute_frag(const uint4& wa, const uint4& wb, const uint32_t (&ss)[8], const uint32_t (&zz)[8],
+                               uint32_t bias, const uint32_t* xh, const uint32_t* xl, int lc,
+                               float (&mma_acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t* xsrc = g == 0 ? xh : xl;
+  uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = word_of(j < 4 ? wa : wb, j & 3);
+    uint32_t a[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = dequant_col(((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias, ss, zz, 2 * j + (r & 1));
+    kt_mma_bf16(mma_acc[j], a, b);
+  }
 }
 
 // Register path (KT_STAGES 0). A warp takes a range of an item's chunks,
@@ -806,15 +893,78 @@ KT_DEV void issue_stage(Ctx& c, Stage& st, const Seg& sg, int group) {
 // warp w takes chunks w, w + WARPS, ... of each stage. The segment of a
 // group comes from the phase (several experts form one k range).
 // Issues the first STAGES-1 stages of an item (one commit group each).
+#if KT_FEED >= 1
+constexpr int FEED_WPG = WARPS < 4 ? WARPS : 4;  // warps that share a stage
+constexpr int FEED_GROUPS = WARPS / FEED_WPG, FEED_Q = STAGE_CHUNKS / FEED_WPG;
+static_assert(WARPS % FEED_WPG == 0 && STAGE_CHUNKS % FEED_WPG == 0, "feed: whole warp groups");
+// KT_FEED 1: thread 0 copies the block's next stage (segment sg's group
+// `group`, repacked) into the ring's next slot in one bulk copy, once every
+// warp has released what the slot held (its empty mbarrier's last phase).
+KT_DEV void feed_raw(Ctx& c, size_t offset) {
+  if (c.tid != 0) return;
+  const unsigned slot = c.fed % STAGES, round = c.fed / STAGES;
+  if (round > 0) kt_mbar_wait(&c.sm->empty[slot], (round - 1) & 1);
+  kt_fence_proxy_async();  // the warps' reads of the slot before the copy's writes
+  Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
+  kt_mbar_arrive_expect_tx(&c.sm->full[slot], unsigned(sizeof(Stage)));
+  kt_bulk_copy_g2s(&stages[slot], c.a.scratch + offset, unsigned(sizeof(Stage)), &c.sm->full[slot]);
+  ++c.fed;
+}
+// A segment's first stage (of its tile) in scratch.
+KT_DEV size_t seg_base(const Seg& sg) {
+  return kRepackOffset + sg.rp + size_t(sg.n0 / TILE) * size_t(sg.groups) * sizeof(Stage);
+}
+KT_DEV void feed_stage(Ctx& c, const Seg& sg, int group) { feed_raw(c, seg_base(sg) + size_t(group) * sizeof(Stage)); }
+
+// Names the block's item after the current one for the feed: its stages
+// can then stream behind the current item's (gemv_staged).
+// (An item: `tile`'s chunks [kc0, kc1).)
+template <class P>
+KT_DEV void name_next(Ctx& c, const P& p, int tile, int kc0, int kc1) {
+  const int sg = p.seg_chunks(tile) / STAGE_CHUNKS, g0 = kc0 / STAGE_CHUNKS, g1 = kc1 / STAGE_CHUNKS;
+  c.next_n = g1 - g0;
+  c.next_g0 = g0;
+  c.next_seg_groups = sg;
+  c.next_seg0 = g0 / sg;
+  if (c.tid == 0)  // the only thread that issues
+    for (int k = g0 / sg; k <= (g1 - 1) / sg; ++k) c.sm->next_base[k - g0 / sg] = seg_base(p.seg(tile, k));
+}
+// Stages [q0, q1) of the named next item.
+KT_DEV void feed_next_stages(Ctx& c, int q0, int q1) {
+  if (c.tid != 0) return;
+  for (int q = q0; q < q1; ++q) {
+    const int grp = c.next_g0 + q;
+    feed_raw(c, c.sm->next_base[grp / c.next_seg_groups - c.next_seg0] + size_t(grp % c.next_seg_groups) * sizeof(Stage));
+  }
+}
+#endif
+
+#if KT_FEED >= 1
+// Stages [q0, q1) of the item whose groups start at g0 (a tile of phase p).
+template <class P>
+KT_DEV void feed_item_stages(Ctx& c, P& p, int tile, int g0, int q0, int q1) {
+  const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
+  for (int q = q0; q < q1; ++q) feed_stage(c, p.seg(tile, (g0 + q) / seg_groups), (g0 + q) % seg_groups);
+}
+#endif
+
 template <class P>
 KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
-  Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
+#if KT_FEED >= 1
+  // The first item of a phase: the previous phase's stages were all
+  // consumed and released, so every slot is free.
+  const int n = imin(STAGES, g1 - g0);
+  feed_item_stages(c, p, tile, g0, 0, n);
+  c.pre = n;
+#else
   const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
+  Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
   for (int s = 0; s < STAGES - 1; ++s) {
     const int grp = g0 + s;
     if (grp < g1) issue_stage(c, stages[s % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
     kt_cp_async_commit();
   }
+#endif
 }
 
 // One __syncthreads per stage: it tells every thread that stage s has
@@ -822,6 +972,63 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
 // with stage s - 1, whose slot then takes stage s + STAGES - 1. Each lane
 // reads its 16 columns' raw scales and zeros from the stage and expands
 // them itself (no separate expansion pass and its two extra barriers).
+#if KT_FEED >= 1
+// KT_FEED 1: no block barrier per stage. The warps form groups of FEED_WPG
+// that take an item's stages in turn (two groups at 8 warps: two stages in
+// progress, each warp FEED_Q chunks of its group's, so their chains
+// interleave and the scales are read once per FEED_Q chunks; the engine's
+// v11 measured 2 chunks a warp 12% faster than 1). A warp waits for the
+// stage's full mbarrier, computes its chunks from the repacked fragments (the
+// stage's scales and (128 + zero)s are already the packed pairs dequant_col
+// takes) and releases the slot on its empty mbarrier.
+template <class P>
+KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
+  (void)acc;
+  // The block's stream: this item's n stages, then the next item's nn
+  // (run_gemv_phase names it when it is known: a static schedule, weights
+  // that do not wait for the routing). `issued` of them are in flight; at
+  // stage s the ring is kept STAGES - 1 ahead, into slots that stages up to
+  // s - 2 held (released by then, so thread 0 rarely waits).
+  const int n = g1 - g0, nn = c.next_n;
+  int issued = c.pre;
+  auto issue_to = [&](int upto) {
+    upto = imin(upto, n + nn);
+    if (issued >= upto) return;
+    if (issued < n) feed_item_stages(c, p, tile, g0, issued, imin(upto, n));
+    if (upto > n) feed_next_stages(c, imax(issued, n) - n, upto - n);
+    issued = upto;
+  };
+  issue_to(STAGES);
+  const Stage* stages = reinterpret_cast<const Stage*>(c.sm->pipe);
+  const int g = c.lane >> 2, group = c.warp / FEED_WPG, first_chunk = (c.warp % FEED_WPG) * FEED_Q;
+  const uint32_t bias = g_bias_pair;
+  for (int s = 0; s < n; ++s) {
+    if (s >= 1) issue_to(s + STAGES - 1);
+    __syncwarp();  // warp 0 whole again (thread 0 may have waited for a slot) before its mma
+    const unsigned slot = c.eaten % STAGES, parity = (c.eaten / STAGES) & 1;
+    ++c.eaten;
+    if (s % FEED_GROUPS != group) continue;
+    kt_mbar_wait(&c.sm->full[slot], parity);
+    const Stage& st = stages[slot];
+    const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
+    const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
+    const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
+    const uint32_t ss[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+    const uint32_t zz[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+#pragma unroll
+    for (int q = 0; q < FEED_Q; ++q) {
+      const int j = first_chunk + q;
+      const uint8_t* w = st.w + j * 1024 + c.lane * 16;
+      chunk_compute_frag(*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + 512), ss, zz, bias,
+                         c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, mma_acc);
+    }
+    __syncwarp();
+    if (c.lane == 0) kt_mbar_arrive(&c.sm->empty[slot]);
+  }
+  c.pre = issued - n;  // the next item's, already in flight
+  __syncthreads();  // every warp has released this item's slots
+}
+#else
 template <class P>
 KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
   Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
@@ -853,6 +1060,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   }
   __syncthreads();  // the ring is free for the next item (or the attention tiles)
 }
+#endif
 
 // After accumulation: lanes with t == 0 hold the warp's sums for columns
 // n0 + 16g + b in out[b].
@@ -1111,9 +1319,12 @@ KT_DEV void early_issue(Ctx& c, P& p) {
   if (it < map.rows || it >= map.items) return;
   const Item item = map.item(it);
   if (!p.static_weights(item.tile)) return;
+#if KT_FEED >= 1
+  if (c.pre > 0) return;  // the previous phase's last item streamed them already
+#endif
   __syncthreads();  // the shared-memory pipeline is free again
   stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
-  c.early = true;
+  c.early = KT_FEED == 0;  // KT_FEED 1 counts them in c.pre
 #else
   (void)c;
   (void)p;
@@ -1125,8 +1336,9 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 // (KT_SCHED 1): blocks whose loads return sooner then take the items that
 // would have queued behind slower ones. Thread 0 takes the next item when
 // the current one starts, so the atomic's round trip hides behind it.
-template <class P>
-KT_DEV void run_gemv_phase(Ctx& c, P& p) {
+template <class P, class NP = P>
+KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
+  (void)np;
   const ItemMap map(p);
   if (float* sums = p.carry_sums()) c.carried = sums;
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
@@ -1142,6 +1354,25 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p) {
     } else {
       const Item item = map.item(it);
       p.before_tile(c, item.tile);
+#if KT_FEED >= 1
+      // The bulk feed streams the block's next item behind this one when
+      // it is known now (a static schedule; weights that do not wait for a
+      // routing this block has not done): the phase's next, or after the
+      // block's last, its first in the next GEMV phase np (when nothing
+      // between them uses the ring).
+      c.next_n = 0;
+      if (KT_FEED >= 2 && KT_SCHED == 0 && next >= map.rows && next < map.items) {
+        const Item ni = map.item(next);
+        if (p.feedable(c, ni.tile)) name_next(c, p, ni.tile, ni.kc0, ni.kc1);
+      } else if (KT_FEED == 3 && KT_SCHED == 0 && next >= map.items && np) {
+        const ItemMap nmap(*np);
+        const int first = int(blockIdx.x);
+        if (first >= nmap.rows && first < nmap.items) {
+          const Item ni = nmap.item(first);
+          if (np->feedable(c, ni.tile)) name_next(c, *np, ni.tile, ni.kc0, ni.kc1);
+        }
+      }
+#endif
       gemv_item(c, p, item);
     }
 #if KT_SCHED == 1
@@ -1184,7 +1415,8 @@ KT_DEV float row_dot(Ctx& c, const uint16_t* w) {
 struct OneMatrix {
   KtW4 w;
   int N, K;
-  KT_DEV Seg seg_at(int tile) const { return Seg{w.w_q, w.scales, w.zeros, N, tile * TILE}; }
+  size_t rp;  // KT_FEED 1: its first repacked stage
+  KT_DEV Seg seg_at(int tile) const { return make_seg(w.w_q, w.scales, w.zeros, N, tile * TILE, rp, K / G); }
 };
 
 KT_DEV double rope_angle(int pos, int i) { return double(pos) * pow(double(KT_ROPE_THETA), -2.0 * i / ROPE); }
@@ -1200,6 +1432,7 @@ KT_DEV void rope_pair(float y0, float y1, int pos, int i, uint16_t* out) {
 // What a GEMV phase has unless it says otherwise: no row items, its input
 // staged once for the phase, and weights known before the phase starts.
 struct PhaseDefaults {
+  size_t rp = 0;  // KT_FEED 1: the layer's part of the repacked weights (attention or MoE) that seg() reads
   KT_DEV int row_items() const { return 0; }
   KT_DEV int lead_tiles() const { return 0; }
   KT_DEV void row_item(Ctx&, int) {}
@@ -1207,6 +1440,9 @@ struct PhaseDefaults {
   KT_DEV void before_tile(Ctx&, int) {}
   KT_DEV void after_epilogue(Ctx&, int) {}
   KT_DEV bool static_weights(int) const { return true; }
+  // KT_FEED 1: whether seg() can name tile's weights now (the routed
+  // experts' only once this block has selected them).
+  KT_DEV bool feedable(const Ctx&, int) const { return true; }
   KT_DEV float* carry_sums() const { return nullptr; }  // KT_REDUCE 1: where it leaves its sums for the next staging
 };
 
@@ -1220,7 +1456,7 @@ struct QkvgPhase : PhaseDefaults {
   KT_DEV Seg seg(int tile, int) const {
     const int m = tile / (C / TILE);
     const KtW4& w = m == 0 ? L.q : m == 1 ? L.k : m == 2 ? L.v : L.g;
-    return Seg{w.w_q, w.scales, w.zeros, C, (tile % (C / TILE)) * TILE};
+    return make_seg(w.w_q, w.scales, w.zeros, C, (tile % (C / TILE)) * TILE, rp + m * repack_bytes(D, C), D / G);
   }
   KT_DEV int row_items() const { return (KH + WARPS - 1) / WARPS; }
   KT_DEV void row_item(Ctx& c, int item) {
@@ -1354,8 +1590,8 @@ struct Mla1Phase : PhaseDefaults {
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
   KT_DEV Seg seg(int tile, int) const {
-    if (tile < QT) return Seg{L.q.w_q, L.q.scales, L.q.zeros, QDIM, tile * TILE};
-    return Seg{L.kv_a.w_q, L.kv_a.scales, L.kv_a.zeros, KVA, (tile - QT) * TILE};
+    if (tile < QT) return make_seg(L.q.w_q, L.q.scales, L.q.zeros, QDIM, tile * TILE, rp + kMlaQ, D / G);
+    return make_seg(L.kv_a.w_q, L.kv_a.scales, L.kv_a.zeros, KVA, (tile - QT) * TILE, rp + kMlaKva, D / G);
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     if (c.tid >= TILE) return;
@@ -1607,7 +1843,7 @@ struct WuvPhase : PhaseDefaults {
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return R / CHUNK; }
   KT_DEV Seg seg(int h, int) const {
-    return Seg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, h * (NOPE + VH) + NOPE};
+    return make_seg(L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, h * (NOPE + VH) + NOPE, rp + kMlaKvb, R / G);
   }
   // The combined o_lat[h] for the item's dims: sum over chunks of
   // exp(m_c - M) acc_c / sum exp(m_c - M) l_c. SUB threads share 4 dims
@@ -1764,6 +2000,7 @@ struct MoeAPhase : PhaseDefaults {
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
   KT_DEV bool static_weights(int tile) const { return tile < SHARED_TILES; }
+  KT_DEV bool feedable(const Ctx& c, int tile) const { return tile < SHARED_TILES || c.routed; }
   KT_DEV int lead_tiles() const { return SHARED_TILES; }  // the shared experts' (KT_LEAD)
   // slot: the expert's position (routed 0..TOPK-1, shared TOPK..); up: gate 0 / up 1.
   KT_DEV void slot_of(int tile, int* slot, int* up) const {
@@ -1806,7 +2043,8 @@ KT_DEV Seg MoeAPhase::seg(int tile, int) const {
   const bool shared = slot >= TOPK;
   const KtW4& w = shared ? (up ? L.s_up : L.s_gate) : (up ? L.up : L.gate);
   const size_t e = shared ? size_t(slot - TOPK) : size_t(topk[slot]);
-  return Seg{w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I, (tile % IT) * TILE};
+  return make_seg(w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I, (tile % IT) * TILE,
+             rp + moe_repack(shared, up, int(e)), D / G);
 }
 
 // All experts' down projections as one GEMV over the concatenated
@@ -1819,6 +2057,7 @@ struct DownPhase : PhaseDefaults {
   uint16_t* out;
   float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
+  KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }  // seg() reads the block's routing
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return SLOTS; }
   KT_DEV int seg_chunks(int) const { return I / CHUNK; }
@@ -1826,7 +2065,8 @@ struct DownPhase : PhaseDefaults {
     const bool shared = s >= TOPK;
     const KtW4& w = shared ? L.s_down : L.down;
     const size_t e = shared ? size_t(s - TOPK) : size_t(topk[s]);
-    return Seg{w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE};
+    return make_seg(w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE,
+               rp + moe_repack(shared, 2, int(e)), I / G);
   }
   // The item's activations silu(g) * u * w, four values (two pairs) per
   // thread and trip, loads issued in batches of B before they are used.
@@ -1874,30 +2114,161 @@ KT_DEV void barrier_before(Ctx& c, P& p) {
 }
 
 // o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
-KT_DEV void oproj_phase(Ctx& c, int layer, const KtW4& w, int K, const uint16_t* o, const uint16_t* x) {
-  OprojPhase oproj{{}, OneMatrix{w, D, K}, x, c.s->hbuf, c.s->carry[layer][0]};
+KT_DEV OprojPhase make_oproj(Ctx& c, int layer, const KtW4& w, int K, const uint16_t* x) {
+  const size_t o_rp = layer_repack(layer) + (m_layer(layer) ? kMlaO : 4 * repack_bytes(D, C));
+  return OprojPhase{{}, OneMatrix{w, D, K, o_rp}, x, c.s->hbuf, c.s->carry[layer][0]};
+}
+
+// Runs GEMV phase p; with the bulk feed, np is the next GEMV phase (nothing
+// between them uses the ring), whose first stages stream behind p's last.
+template <class P, class NP>
+KT_DEV void run_gemv_phase_before(Ctx& c, P& p, const NP& np) {
+#if KT_FEED == 3
+  run_gemv_phase(c, p, &np);
+#else
+  (void)np;
+  run_gemv_phase(c, p);
+#endif
+}
+
+template <class NP>
+KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint16_t* o, const NP& next) {
   barrier_before(c, oproj);
   stamp(c, layer, 4);
   stage_bf16(c, o, K);
-  run_gemv_phase(c, oproj);
+  run_gemv_phase_before(c, oproj, next);
 }
 
 // x: the layer's input (o_proj's residual, for KT_REDUCE 1's staging).
-KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, const uint16_t* x, uint16_t* x_next) {
+// moe_a: this layer's gate/up phase (its first stages may be in flight).
+KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, const uint16_t* x, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
-  MoeAPhase moe_a{{}, L, layer, c.sm->topk};
+  DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next, layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
   stamp(c, layer, 5);
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
   c.routed = false;
-  run_gemv_phase(c, moe_a);
+  run_gemv_phase_before(c, moe_a, down);
   moe_a.route(c);  // every block needs the routing for the down phase
-  DownPhase down{{}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next, layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
   barrier_before(c, down);
   stamp(c, layer, 7);
+#if KT_FEED == 3
+  // The next layer's first GEMV phase streams behind the down phase.
+  if (layer + 1 < KT_LAYERS && m_layer(layer + 1)) {
+    const Mla1Phase next{{layer_repack(layer + 1)}, c.a.layers[layer + 1].mla, c.a.context};
+    run_gemv_phase(c, down, &next);
+  } else if (layer + 1 < KT_LAYERS) {
+    const QkvgPhase next{{layer_repack(layer + 1)}, c.a.layers[layer + 1].kda, layer + 1};
+    run_gemv_phase(c, down, &next);
+  } else {
+    run_gemv_phase(c, down);
+  }
+#else
   run_gemv_phase(c, down);
+#endif
+  // The routing is this layer's: the next layer's o_proj must not name a
+  // routed gate/up tile with it (feedable).
+  c.routed = false;
 }
 
 }  // namespace mk
+
+#if KT_FEED >= 1
+namespace mk {
+// ---- the prepare table (KT_FEED 1): the GEMV weights repacked into stages ----
+// Stage `grp` of tile `tile` of one matrix (w_q [K/2, N] packed row pairs,
+// scales and zeros [K/G, N]): chunk c's lane (g, t) gets 32 bytes, its first
+// 16 at c * 1024 + lane * 16 and its second 512 bytes later (a warp's 16-byte
+// loads each read 512 contiguous bytes); word j holds mma j's A register r as
+// nibbles at bits 4r (k even) and 4r + 16 (k odd), for column 16 g + 2 j +
+// (r & 1) and row pair 8 (8 grp + c) + t + 4 (r >> 1): the fragment that
+// chunk_compute builds from the stored layout. Then the group's 128 scales
+// and 128 (128 + zero)s, bf16. Columns past N (kv_a's last tile) get zero
+// weights and scale 0, so they add nothing.
+KT_DEV void repack_stage(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, int N, int tile, int grp,
+                         uint8_t* out) {
+  for (int i = threadIdx.x; i < STAGE_CHUNKS * 32; i += blockDim.x) {
+    const int c = i / 32, lane = i % 32, g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 8; ++j) {
+      uint32_t word = 0;
+      for (int r = 0; r < 4; ++r) {
+        const int n = tile * TILE + 16 * g + 2 * j + (r & 1);
+        const size_t kp = size_t(grp * STAGE_CHUNKS + c) * 8 + t + 4 * (r >> 1);
+        const uint32_t byte = n < N ? wq[kp * size_t(N) + n] : 0u;
+        word |= (byte & 15u) << (4 * r) | (byte >> 4) << (4 * r + 16);
+      }
+      *reinterpret_cast<uint32_t*>(out + c * 1024 + (j / 4) * 512 + lane * 16 + (j % 4) * 4) = word;
+    }
+  }
+  Stage* st = reinterpret_cast<Stage*>(out);
+  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+    const int n = tile * TILE + i;
+    const size_t so = size_t(grp) * N + n;
+    st->sc[i] = n < N ? sc[so] : uint16_t(0);
+    st->ze[i] = kt_f2bf(128.0f + (n < N ? kt_bf2f(ze[so]) : 0.0f));
+  }
+}
+
+// One matrix to repack: its weights (expert e's slice of a stack), shape and
+// place in the repacked copy (repack_layout).
+struct RepackJob {
+  const uint8_t* wq;
+  const uint16_t *sc, *ze;
+  int K, N;
+  size_t dst;
+};
+constexpr int kAttnMatrices = 5, kMoeMatrices = 3 * (E + NSH);
+// Layer l's m-th matrix in the repacked order; false for an m it lacks.
+KT_DEV bool repack_job(const KimiDeviceArgs& a, int l, int m, RepackJob* j) {
+  const KtLayer& Ly = a.layers[l];
+  auto set = [&](const KtW4& w, int e, int K, int N, size_t dst) {
+    *j = RepackJob{w.w_q + size_t(e) * (K / 2) * N, w.scales + size_t(e) * (K / G) * N,
+                   w.zeros + size_t(e) * (K / G) * N, K, N, dst};
+    return true;
+  };
+  const size_t base = layer_repack(l);
+  if (m < kAttnMatrices) {
+    if (!m_layer(l)) {
+      const KtKdaLayer& L = Ly.kda;
+      if (m < 4) return set(m == 0 ? L.q : m == 1 ? L.k : m == 2 ? L.v : L.g, 0, D, C, base + m * repack_bytes(D, C));
+      return set(L.o, 0, C, D, base + 4 * repack_bytes(D, C));
+    }
+    const KtMlaLayer& L = Ly.mla;
+    switch (m) {
+      case 0: return set(L.q, 0, D, QDIM, base + kMlaQ);
+      case 1: return set(L.kv_a, 0, D, KVA, base + kMlaKva);
+      case 2: return set(L.kv_b, 0, R, KVB, base + kMlaKvb);
+      case 3: return set(L.o, 0, MO, D, base + kMlaO);
+      default: return false;
+    }
+  }
+  m -= kAttnMatrices;
+  if (m >= kMoeMatrices) return false;
+  const KtMoeLayer& L = Ly.moe;
+  const bool shared = m >= 3 * E;
+  const int n = shared ? NSH : E, mm = shared ? m - 3 * E : m, which = mm / n, e = mm % n;
+  const KtW4& w = which == 0 ? (shared ? L.s_gate : L.gate) : which == 1 ? (shared ? L.s_up : L.up)
+                                                                        : (shared ? L.s_down : L.down);
+  return set(w, e, which < 2 ? D : I, which < 2 ? I : D, moe_layer_repack(l) + moe_repack(shared, which, e));
+}
+}  // namespace mk
+
+// ktune_k1, the prepare table's one launch: every stage of every matrix,
+// one block per stage.
+extern "C" __global__ void __launch_bounds__(256) ktune_k1(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
+  using namespace mk;
+  uint8_t* out = a.scratch + kRepackOffset;
+  for (int l = 0; l < KT_LAYERS; ++l)
+    for (int m = 0; m < kAttnMatrices + kMoeMatrices; ++m) {
+      RepackJob j;
+      if (!repack_job(a, l, m, &j)) continue;
+      const int groups = j.K / G, stages = cdiv(j.N, TILE) * groups;
+      for (int st = int(blockIdx.x); st < stages; st += int(gridDim.x)) {
+        repack_stage(j.wq, j.sc, j.ze, j.N, st / groups, st % groups, out + j.dst + size_t(st) * sizeof(Stage));
+        __syncthreads();
+      }
+    }
+}
+#endif
 
 // The ABI globals (abi.h). An extern "C" block, not `extern "C" T x = v;`:
 // compiled for host and device together (a torch extension), the latter
@@ -1906,7 +2277,13 @@ extern "C" {
 __device__ int ktune_abi_version = KT_ABI_VERSION;
 __device__ int ktune_config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
                                                  KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
+#if KT_FEED >= 1
+__device__ long long ktune_scratch_bytes = (long long)(mk::kRepackOffset + mk::kRepackBytes);
+__device__ int ktune_num_prepare = 1;
+__device__ KtLaunch ktune_prepare[1] = {{1, -4, 256, 0, 0, {{0, 0, 0, 0}}}};
+#else
 __device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
+#endif
 __device__ int ktune_num_launches = 1;
 __device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
 }
@@ -1917,6 +2294,16 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
   Ctx c{a, reinterpret_cast<Scratch*>(a.scratch), reinterpret_cast<Smem*>(kt_smem()), int(threadIdx.x),
         int(threadIdx.x) & 31, int(threadIdx.x) >> 5};
   const int pos = a.context;
+#if KT_FEED >= 1
+  if (c.tid == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      kt_mbar_init(&c.sm->full[i], 1);  // thread 0's arrival with the copy's bytes
+      kt_mbar_init(&c.sm->empty[i], FEED_WPG);  // the warps of the group that takes the stage
+    }
+    kt_mbar_fence_init();
+  }
+  __syncthreads();
+#endif
 #if KT_REDUCE == 1
   // The sums o_proj and down add into start at zero. Block 0's stores are
   // published by the first grid barrier; layer 0's o_proj comes after it.
@@ -1931,25 +2318,27 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
     // The barrier after the previous layer's down phase, before this
     // layer's first GEMV (layer 0 starts the launch: no barrier).
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
-      QkvgPhase first{{}, Ly.kda, layer};
+      QkvgPhase first{{layer_repack(layer)}, Ly.kda, layer};
       layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     } else {
-      Mla1Phase first{{}, Ly.mla, pos};
+      Mla1Phase first{{layer_repack(layer)}, Ly.mla, pos};
       layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     }
+    MoeAPhase next_moe{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk};
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
-      QkvgPhase qkvg{{}, L, layer};
+      QkvgPhase qkvg{{layer_repack(layer)}, L, layer};
+      OprojPhase oproj = make_oproj(c, layer, L.o, C, x);
       stamp(c, layer, 0);
       stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
-      run_gemv_phase(c, qkvg);
+      run_gemv_phase_before(c, qkvg, oproj);  // the KDA update between them leaves the ring alone
       if (KT_KDA_START == 0) barrier(c);
       stamp(c, layer, 1);
       kda_phase(c, L, layer);
-      oproj_phase(c, layer, L.o, C, c.s->kda_o, x);
+      oproj_phase(c, layer, oproj, C, c.s->kda_o, next_moe);
     } else {
       const KtMlaLayer& L = Ly.mla;
-      Mla1Phase mla1{{}, L, pos};
+      Mla1Phase mla1{{layer_repack(layer)}, L, pos};
       stamp(c, layer, 0);
       stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
       run_gemv_phase(c, mla1);
@@ -1963,15 +2352,15 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
 #else
       attn_phase(c, L, pos);
 #endif
-      WuvPhase wuv{{}, L, attn_chunks(pos + 1)};
+      WuvPhase wuv{{layer_repack(layer)}, L, attn_chunks(pos + 1)};
+      OprojPhase oproj = make_oproj(c, layer, L.o, MO, x);
       barrier_before(c, wuv);
       stamp(c, layer, 3);
-      run_gemv_phase(c, wuv);
-      oproj_phase(c, layer, L.o, MO, c.s->mla_o, x);
+      run_gemv_phase_before(c, wuv, oproj);
+      oproj_phase(c, layer, oproj, MO, c.s->mla_o, next_moe);
     }
-    MoeAPhase next_moe{{}, Ly.moe, layer, c.sm->topk};
     barrier_before(c, next_moe);
-    moe_layer(c, layer, Ly, x, x_next);
+    moe_layer(c, layer, Ly, next_moe, x, x_next);
   }
   stamp(c, KT_LAYERS, 8);
   // The last block out resets the launch's counters for the next one.
@@ -1992,4 +2381,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
 
 KT_KERNEL_TABLE_BEGIN
 KT_KERNEL(ktune_k0)
+#if KT_FEED >= 1
+KT_KERNEL(ktune_k1)
+#endif
 KT_KERNEL_TABLE_END

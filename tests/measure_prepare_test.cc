@@ -1,0 +1,156 @@
+// The prepare table of the variant ABI (kernels/kimi/cuda/abi.h): a CUDA
+// variant built for the CPU emulator (tests/data/cuda_prepare.cu) whose
+// prepare launches write functions of the weights into scratch, through the
+// cuda-emu backend in this process (what prepare computed, when, how often,
+// what it saw; malformed tables) and through real runner processes (a
+// prepare kernel that hangs or faults is an attempt outcome).
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "base/fs.h"
+#include "kernels/kimi/templates.h"
+#include "measure/backend_hostmem.h"
+#include "measure/runner_client.h"
+#include "tests/measure_fixture.h"
+
+using namespace ktune;
+using measure::testing::build_emu_source;
+using measure::testing::prepare_router_sum;
+using measure::testing::step_words;
+using measure::testing::test_data;
+using measure::testing::words;
+
+namespace {
+
+kimi::KimiConfig tiny() {
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+  return cfg;
+}
+
+// tests/data/cuda_prepare.cu with prepare table `mode` (see there), built
+// for the emulator.
+std::string build_prepare_variant(const kimi::KimiConfig& cfg, int mode, int abi = KT_ABI_VERSION) {
+  auto defines = kimi::config_defines(cfg);
+  defines["KT_TEST_PREPARE"] = std::to_string(mode);
+  defines["KT_TEST_ABI"] = std::to_string(abi);
+  return build_emu_source(defines, test_data("cuda_prepare.cu"));
+}
+
+}  // namespace
+
+TEST_CASE("a variant's prepare table runs once per load, in order, before the first step, on the weights alone") {
+  const kimi::KimiConfig cfg = tiny();
+  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5), other = measure::testing::generated_weights(cfg, 6);
+  const unsigned sum = prepare_router_sum(w), other_sum = prepare_router_sum(other);
+  REQUIRE(sum != 0);
+  REQUIRE(other_sum != sum);
+  std::string err;
+  measure::EmuBackend be(cfg);
+  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 1), &err), err);
+  CHECK(be.declared_launches() == 1);
+  // {router sum, prepare runs, steps, 2 * sum + 1 (k2 after k1), 1: prepare saw no step arguments}
+  CHECK(step_words(be, cfg, 5) == words({sum, 1, 1, 2 * sum + 1, 1}));
+  CHECK(step_words(be, cfg, 6, false) == words({sum, 1, 2, 2 * sum + 1, 1}));  // not again per step
+  // Loaded again after steps (the state's pointers were bound): zeroed
+  // scratch, prepared once more, still blind to the state.
+  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 1), &err), err);
+  CHECK(step_words(be, cfg, 5) == words({sum, 1, 1, 2 * sum + 1, 1}));
+  // Other weights made resident: prepared again, from them.
+  REQUIRE_MESSAGE(be.init(other, 512, &err), err);
+  CHECK(step_words(be, cfg, 5) == words({other_sum, 1, 1, 2 * other_sum + 1, 1}));
+  // The same variant without a prepare table: scratch as zeroed.
+  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0), &err), err);
+  CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
+}
+
+TEST_CASE("a malformed prepare table or a failed prepare launch is a load error that says which") {
+  const kimi::KimiConfig cfg = tiny();
+  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
+  std::string err;
+  measure::EmuBackend be(cfg);
+  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  struct Case {
+    int mode;
+    std::string error;
+  };
+  for (const Case& c : {Case{2, "ktune_num_prepare = -1 is out of range (0..64)"},
+                        Case{3, "ktune_num_prepare = 65 is out of range (0..64)"},
+                        Case{7, "ktune_num_prepare = 1 but the variant does not export ktune_prepare"},
+                        Case{6, "prepare launch 1 (ktune_k2) failed: emulator: block size 2048 is not a multiple of "
+                                "32 in 32..1024"}}) {
+    CAPTURE(c.mode);
+    err.clear();
+    CHECK_FALSE(be.load(build_prepare_variant(cfg, c.mode), &err));
+    CHECK(err == c.error);
+    CHECK_FALSE(be.faulted());
+    // Nothing stays loaded.
+    CHECK_FALSE(be.step(5, false).ok);
+  }
+  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 1), &err), err);
+  CHECK(step_words(be, cfg, 5) == words({prepare_router_sum(w), 1, 1, 2 * prepare_router_sum(w) + 1, 1}));
+}
+
+TEST_CASE("a prepare kernel that hangs is a timeout, one that faults a device_fault, and the runner goes on") {
+  const kimi::KimiConfig cfg = tiny();
+  const std::string hang = build_prepare_variant(cfg, 4), fault = build_prepare_variant(cfg, 5),
+                    good = build_prepare_variant(cfg, 1),
+                    step_hang = build_emu_source(kimi::config_defines(cfg), test_data("cuda_hang.cu"));
+  std::string err, work;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-prepare-test-", &work, &err), err);
+  measure::RunnerClient runner;
+  measure::testing::start_runner(&runner, std::string(KTUNE_BINARY_DIR) + "/ktune-runner", "cuda-emu", "tiny", work);
+  auto load = [&](const std::string& artifact) { return runner.call({{"op", "load"}, {"artifact", artifact}}, 3); };
+
+  // A hanging step, for comparison: loads, then its validation times out.
+  measure::RunnerReply r = load(step_hang);
+  REQUIRE_MESSAGE(r.ok, r.error);
+  measure::RunnerReply step = runner.call(
+      {{"op", "validate"}, {"cases", json::array({{{"seed", 1}, {"context", 5}}})}, {"out_dir", work + "/out"}}, 3);
+  CHECK(step.outcome == "timeout");
+  // A hanging prepare kernel: the load never answers, the same outcome.
+  r = load(hang);
+  MESSAGE("prepare hang: " << r.outcome << ": " << r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.outcome == step.outcome);
+  // A prepare kernel writing through x_out (null during prepare) crashes the
+  // emulating runner: a device fault.
+  r = load(fault);
+  MESSAGE("prepare fault: " << r.outcome << ": " << r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.outcome == "device_fault");
+  CHECK(runner.starts() == 3);  // the first, then one after each timeout
+  // A malformed table is the variant's launch_error (in a fresh runner,
+  // which stays), and then a good one loads.
+  r = load(build_prepare_variant(cfg, 2));
+  CHECK(r.outcome == "launch_error");
+  CHECK(r.error.find("ktune_num_prepare") != std::string::npos);
+  r = load(good);
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.body.value("declared_launches", -1) == 1);
+  CHECK(runner.starts() == 4);
+  runner.stop();
+  remove_tree(work);
+}
+
+TEST_CASE("a variant of ABI version 1 (no prepare table) still loads; other versions are refused") {
+  // Sessions recorded before the prepare table carry version 1 in their
+  // sources; replaying or resuming them must still load them.
+  const kimi::KimiConfig cfg = tiny();
+  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
+  std::string err;
+  measure::EmuBackend be(cfg);
+  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0, 1), &err), err);
+  CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
+  for (int abi : {0, KT_ABI_VERSION + 1}) {
+    CAPTURE(abi);
+    err.clear();
+    CHECK_FALSE(be.load(build_prepare_variant(cfg, 0, abi), &err));
+    CHECK(err == "variant ABI version " + std::to_string(abi) + ", runner speaks 1 to 2");
+  }
+}
