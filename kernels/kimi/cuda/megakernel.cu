@@ -192,7 +192,7 @@ struct alignas(16) Smem {
   float wden;  // WuvPhase: the combined softmax's denominator
   float lv[E];
   ktune::kimi::topk_detail::Item items[E];
-  uint64_t full[STAGES], empty[STAGES];  // KT_FEED 1: a stage landed / every warp is done with it (mbarriers)
+  uint64_t full[STAGES], empty[STAGES];  // KT_FEED > 0: a stage landed / its warps are done with it (mbarriers)
   size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
@@ -212,10 +212,10 @@ struct Ctx {
   bool routed = false;  // this block has selected the current MoE layer's experts (false again after its down phase)
   int gemv_phases = 0;  // run_gemv_phase calls so far in this launch (KT_SCHED 1's counter index)
   const float* carried = nullptr;  // KT_REDUCE 1: the sums the last GEMV phase left for the next staging
-  unsigned fed = 0;    // KT_FEED 1: stages thread 0 has issued into the ring this launch
-  unsigned eaten = 0;  // KT_FEED 1: stages the block has consumed (every thread counts)
-  int pre = 0;         // KT_FEED 1: stages of the block's next GEMV item already issued
-  // KT_FEED 1: the block's GEMV item after the current one, when known
+  unsigned fed = 0;    // KT_FEED > 0: stages thread 0 has issued into the ring this launch
+  unsigned eaten = 0;  // KT_FEED > 0: stages the block has passed (every thread counts)
+  int pre = 0;         // KT_FEED > 0: stages of the block's next GEMV item already issued
+  // KT_FEED 2, 3: the block's GEMV item after the current one, when known
   // (name_next): its stages' count, first group, groups per segment (its
   // segments' first stages are in c.sm->next_base: an array here would put
   // the whole context in local memory).
@@ -456,7 +456,7 @@ KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, i
 #endif
 }
 
-// ---- the repacked weights (KT_FEED 1) -------------------------------------------
+// ---- the repacked weights (KT_FEED > 0) -----------------------------------------
 // The bulk feed reads every GEMV matrix from a copy repacked once per load
 // (the prepare kernel, ktune_k1) into stages laid out as the shared-memory
 // Stage: [ceil(N / TILE) tiles][K / G groups][sizeof(Stage) bytes]. The
@@ -585,7 +585,7 @@ KT_DEV void chunk_compute(const uint4& wa, const uint4& wb, const uint32_t (&ss)
 #endif
 }
 
-// KT_FEED 1: the same from a repacked stage's chunk (repack_stage): word j
+// KT_FEED > 0: the same from a repacked stage's chunk (repack_stage): word j
 // of the lane's 32 bytes holds mma j's four A registers as nibbles r
 // (bits 4r) and r + 4 (bits 4r + 16), so a register is a shift and a LOP3.
 KT_DEV void chunk_compute_frag(const uint4& wa, const uint4& wb, const uint32_t (&ss)[8], const uint32_t (&zz)[8],
@@ -897,7 +897,7 @@ KT_DEV void issue_stage(Ctx& c, Stage& st, const Seg& sg, int group) {
 constexpr int FEED_WPG = WARPS < 4 ? WARPS : 4;  // warps that share a stage
 constexpr int FEED_GROUPS = WARPS / FEED_WPG, FEED_Q = STAGE_CHUNKS / FEED_WPG;
 static_assert(WARPS % FEED_WPG == 0 && STAGE_CHUNKS % FEED_WPG == 0, "feed: whole warp groups");
-// KT_FEED 1: thread 0 copies the block's next stage (segment sg's group
+// KT_FEED > 0: thread 0 copies the block's next stage (segment sg's group
 // `group`, repacked) into the ring's next slot in one bulk copy, once every
 // warp has released what the slot held (its empty mbarrier's last phase).
 KT_DEV void feed_raw(Ctx& c, size_t offset) {
@@ -937,9 +937,7 @@ KT_DEV void feed_next_stages(Ctx& c, int q0, int q1) {
     feed_raw(c, c.sm->next_base[grp / c.next_seg_groups - c.next_seg0] + size_t(grp % c.next_seg_groups) * sizeof(Stage));
   }
 }
-#endif
 
-#if KT_FEED >= 1
 // Stages [q0, q1) of the item whose groups start at g0 (a tile of phase p).
 template <class P>
 KT_DEV void feed_item_stages(Ctx& c, P& p, int tile, int g0, int q0, int q1) {
@@ -973,7 +971,7 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
 // reads its 16 columns' raw scales and zeros from the stage and expands
 // them itself (no separate expansion pass and its two extra barriers).
 #if KT_FEED >= 1
-// KT_FEED 1: no block barrier per stage. The warps form groups of FEED_WPG
+// KT_FEED > 0: no block barrier per stage. The warps form groups of FEED_WPG
 // that take an item's stages in turn (two groups at 8 warps: two stages in
 // progress, each warp FEED_Q chunks of its group's, so their chains
 // interleave and the scales are read once per FEED_Q chunks; the engine's
@@ -1324,7 +1322,7 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 #endif
   __syncthreads();  // the shared-memory pipeline is free again
   stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
-  c.early = KT_FEED == 0;  // KT_FEED 1 counts them in c.pre
+  c.early = KT_FEED == 0;  // the bulk feed counts them in c.pre
 #else
   (void)c;
   (void)p;
@@ -1415,7 +1413,7 @@ KT_DEV float row_dot(Ctx& c, const uint16_t* w) {
 struct OneMatrix {
   KtW4 w;
   int N, K;
-  size_t rp;  // KT_FEED 1: its first repacked stage
+  size_t rp;  // KT_FEED > 0: its first repacked stage
   KT_DEV Seg seg_at(int tile) const { return make_seg(w.w_q, w.scales, w.zeros, N, tile * TILE, rp, K / G); }
 };
 
@@ -1432,7 +1430,7 @@ KT_DEV void rope_pair(float y0, float y1, int pos, int i, uint16_t* out) {
 // What a GEMV phase has unless it says otherwise: no row items, its input
 // staged once for the phase, and weights known before the phase starts.
 struct PhaseDefaults {
-  size_t rp = 0;  // KT_FEED 1: the layer's part of the repacked weights (attention or MoE) that seg() reads
+  size_t rp = 0;  // KT_FEED > 0: the layer's part of the repacked weights (attention or MoE) that seg() reads
   KT_DEV int row_items() const { return 0; }
   KT_DEV int lead_tiles() const { return 0; }
   KT_DEV void row_item(Ctx&, int) {}
@@ -1440,7 +1438,7 @@ struct PhaseDefaults {
   KT_DEV void before_tile(Ctx&, int) {}
   KT_DEV void after_epilogue(Ctx&, int) {}
   KT_DEV bool static_weights(int) const { return true; }
-  // KT_FEED 1: whether seg() can name tile's weights now (the routed
+  // KT_FEED 2, 3: whether seg() can name tile's weights now (the routed
   // experts' only once this block has selected them).
   KT_DEV bool feedable(const Ctx&, int) const { return true; }
   KT_DEV float* carry_sums() const { return nullptr; }  // KT_REDUCE 1: where it leaves its sums for the next staging
@@ -2174,7 +2172,7 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 
 #if KT_FEED >= 1
 namespace mk {
-// ---- the prepare table (KT_FEED 1): the GEMV weights repacked into stages ----
+// ---- the prepare table (KT_FEED > 0): the GEMV weights repacked into stages ----
 // Stage `grp` of tile `tile` of one matrix (w_q [K/2, N] packed row pairs,
 // scales and zeros [K/G, N]): chunk c's lane (g, t) gets 32 bytes, its first
 // 16 at c * 1024 + lane * 16 and its second 512 bytes later (a warp's 16-byte
