@@ -40,17 +40,26 @@ std::string build_prepare_variant(const kimi::KimiConfig& cfg, int mode, int abi
   return build_emu_source(defines, test_data("cuda_prepare.cu"));
 }
 
+// The tiny config's weights (seed 5) made resident in an emulator backend.
+struct TinyEmu {
+  kimi::KimiConfig cfg = tiny();
+  kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
+  measure::EmuBackend be{cfg};
+  std::string err;
+  TinyEmu() { REQUIRE_MESSAGE(be.init(w, 512, &err), err); }
+};
+
 }  // namespace
 
 TEST_CASE("a variant's prepare table runs once per load, in order, before the first step, on the weights alone") {
-  const kimi::KimiConfig cfg = tiny();
-  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5), other = measure::testing::generated_weights(cfg, 6);
-  const unsigned sum = prepare_router_sum(w), other_sum = prepare_router_sum(other);
+  TinyEmu t;
+  const kimi::KimiConfig& cfg = t.cfg;
+  const kimi::KimiWeights other = measure::testing::generated_weights(cfg, 6);
+  const unsigned sum = prepare_router_sum(t.w), other_sum = prepare_router_sum(other);
   REQUIRE(sum != 0);
   REQUIRE(other_sum != sum);
-  std::string err;
-  measure::EmuBackend be(cfg);
-  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  measure::EmuBackend& be = t.be;
+  std::string& err = t.err;
   REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 1), &err), err);
   CHECK(be.declared_launches() == 1);
   // {router sum, prepare runs, steps, 2 * sum + 1 (k2 after k1), 1: prepare saw no step arguments}
@@ -69,11 +78,11 @@ TEST_CASE("a variant's prepare table runs once per load, in order, before the fi
 }
 
 TEST_CASE("a malformed prepare table or a failed prepare launch is a load error that says which") {
-  const kimi::KimiConfig cfg = tiny();
-  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
-  std::string err;
-  measure::EmuBackend be(cfg);
-  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  TinyEmu t;
+  const kimi::KimiConfig& cfg = t.cfg;
+  const kimi::KimiWeights& w = t.w;
+  measure::EmuBackend& be = t.be;
+  std::string& err = t.err;
   struct Case {
     int mode;
     std::string error;
@@ -140,11 +149,10 @@ TEST_CASE("a prepare kernel that hangs is a timeout, one that faults a device_fa
 TEST_CASE("a variant of ABI version 1 (no prepare table) still loads; other versions are refused") {
   // Sessions recorded before the prepare table carry version 1 in their
   // sources; replaying or resuming them must still load them.
-  const kimi::KimiConfig cfg = tiny();
-  const kimi::KimiWeights w = measure::testing::generated_weights(cfg, 5);
-  std::string err;
-  measure::EmuBackend be(cfg);
-  REQUIRE_MESSAGE(be.init(w, 512, &err), err);
+  TinyEmu t;
+  const kimi::KimiConfig& cfg = t.cfg;
+  measure::EmuBackend& be = t.be;
+  std::string& err = t.err;
   REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0, 1), &err), err);
   CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
   for (int abi : {0, KT_ABI_VERSION + 1}) {
