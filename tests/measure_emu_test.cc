@@ -88,14 +88,14 @@ kimi::KimiConfig tiny_mla(const char* name, int heads, int kv_lora) {
 
 // One step at contexts 0, 97 and 300 (two SMs) against the oracle: the
 // output hidden and the MLA layer's new cache row.
-void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs) {
+void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const char* sms = "2") {
   std::string err;
   kimi::KimiWeights w;
   w.cfg = cfg;
   REQUIRE_MESSAGE(kimi::generate_weights(cfg, 5, &w.file, &err), err);
   REQUIRE_MESSAGE(w.bind(&err), err);
   std::string so = build_emu(cfg, "kimi-mega-cuda", knobs);
-  setenv("KTUNE_EMU_SMS", "2", 1);
+  setenv("KTUNE_EMU_SMS", sms, 1);
   measure::EmuBackend be(cfg);
   REQUIRE_MESSAGE(be.init(w, 512, &err), err);
   REQUIRE_MESSAGE(be.load(so, &err), err);
@@ -184,6 +184,23 @@ TEST_CASE("emulated CUDA megakernel with the bulk feed reproduces golden kimi-to
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "next"}, {"reduce", "atomic"}});
   golden_through_emu("kimi-top8.safetensors", {{"stages", 6}, {"feed", "stream"}, {"threads", 128}});
   setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
+TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed tile before this layer's routing") {
+  // stream names the MoE phase's first item during o_proj. A block whose
+  // first gate/up item is a routed tile must not stream it with the
+  // previous layer's experts. kimi-top8 never has such a block (its o_proj
+  // has fewer items than its first routed gate/up item's index); here, at
+  // 12 SMs, the K layers' o_proj (2 tiles of 8 groups) has an item on every
+  // block while the router's 2 row items and the shared expert's 4 lead
+  // items leave blocks 6 to 11 a routed tile first.
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+  cfg.name = "tiny-deep-oproj";
+  cfg.kda_heads = 8;
+  REQUIRE_MESSAGE(cfg.check(&err), err);
+  oracle_through_emu(cfg, {{"stages", 4}, {"feed", "stream"}}, "12");
 }
 
 TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {
