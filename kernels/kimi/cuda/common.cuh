@@ -260,14 +260,9 @@ KT_DEV void kt_cp_async_wait() {
 // bulk copy (the copy engine: one instruction, no registers, no load slots
 // held while in flight) completes its bytes on one. Waiters name the phase
 // by its parity. The emulator copies at once (kernels/emu/cuda_emu.h).
-KT_DEV uint32_t kt_smem_addr(const void* p) {
-#ifdef KT_EMULATION
-  (void)p;
-  return 0;
-#else
-  return uint32_t(__cvta_generic_to_shared(p));
+#ifndef KT_EMULATION
+KT_DEV uint32_t kt_smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 #endif
-}
 KT_DEV void kt_mbar_init(uint64_t* bar, unsigned count) {
 #ifdef KT_EMULATION
   kt_emu::mbar_init(bar, count);

@@ -463,8 +463,7 @@ KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, i
 // copy sits in scratch after Scratch, matrices in a fixed order per layer:
 // the attention's (K: q, k, v, g, o; M: q, kv_a, kv_b, o), then the MoE's
 // (gate, up and down of each routed expert, then of each shared one).
-__host__ __device__ constexpr size_t cdivz(size_t a, size_t b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr size_t repack_bytes(int K, int N) { return cdivz(size_t(N), TILE) * size_t(K / G) * sizeof(Stage); }
+__host__ __device__ constexpr size_t repack_bytes(int K, int N) { return size_t(cdiv(N, TILE)) * size_t(K / G) * sizeof(Stage); }
 __host__ __device__ constexpr bool m_layer(int l) { return ((KT_PATTERN_M >> l) & 1) != 0; }
 constexpr size_t kKdaRepack = 4 * repack_bytes(D, C) + repack_bytes(C, D);
 constexpr size_t kMlaQ = 0, kMlaKva = repack_bytes(D, QDIM), kMlaKvb = kMlaKva + repack_bytes(D, KVA),
@@ -485,7 +484,8 @@ __host__ __device__ constexpr size_t layer_repack(int l) {
   return at;
 }
 __host__ __device__ constexpr size_t moe_layer_repack(int l) { return layer_repack(l) + attn_repack_bytes(l); }
-constexpr size_t kRepackOffset = cdivz(sizeof(Scratch), 128) * 128;  // in scratch
+static_assert(sizeof(Scratch) < (1u << 30), "scratch offsets fit an int");
+constexpr size_t kRepackOffset = size_t(cdiv(int(sizeof(Scratch)), 128)) * 128;  // in scratch
 constexpr size_t kRepackBytes = layer_repack(KT_LAYERS);
 static_assert(sizeof(Stage) == 8704 && sizeof(Stage) % 16 == 0, "a stage is one 8.5-KB bulk copy");
 
