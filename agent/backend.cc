@@ -60,7 +60,7 @@ sandbox::BuildRequest BackendSpec::build_request(const std::string& source) cons
     std::string nvcc = find_nvcc();
     r.source_name = "variant.cu";
     r.artifact_name = "variant.cubin";
-    r.command = {nvcc, "-arch=sm_90", "-O3", "-cubin", "-lineinfo", "-Xptxas", "-v", "-o", "{out}", "{src}"};
+    r.command = {nvcc, "-arch=sm_90a", "-O3", "-cubin", "-lineinfo", "-Xptxas", "-v", "-o", "{out}", "{src}"};
     // KTUNE_CUDA_LINK=separate: separate compilation (-rdc), then nvlink.
     // Every out-of-line device function is then compiled to the standard
     // calling convention, so its instruction schedule depends on its own
@@ -71,8 +71,8 @@ sandbox::BuildRequest BackendSpec::build_request(const std::string& source) cons
     if (const char* link = std::getenv("KTUNE_CUDA_LINK"); link && std::string(link) == "separate") {
       const std::string nvlink = nvcc.substr(0, nvcc.size() - 4) + "nvlink";  // beside nvcc (find_nvcc: ".../nvcc")
       r.command = {"sh", "-c",
-                   "\"$0\" -arch=sm_90 -O3 -rdc=true -cubin -lineinfo -Xptxas -v -o \"{out}.o\" \"{src}\" && "
-                   "\"$1\" -arch=sm_90 -o \"{out}\" \"{out}.o\"",
+                   "\"$0\" -arch=sm_90a -O3 -rdc=true -cubin -lineinfo -Xptxas -v -o \"{out}.o\" \"{src}\" && "
+                   "\"$1\" -arch=sm_90a -o \"{out}\" \"{out}.o\"",
                    nvcc, nvlink};
     }
     r.compiler_id = compiler_id(nvcc);

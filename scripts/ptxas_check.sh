@@ -20,5 +20,5 @@ for k in "${!d[@]}"; do args+=("-D$k=${d[$k]}"); done
 out=$(mktemp -d)
 trap '[ -n "${CUBIN_OUT:-}" ] && cp "$out/k.cubin" "$CUBIN_OUT"; rm -rf "$out"' EXIT
 # shellcheck disable=SC2086
-"$nvcc" -arch=sm_90 -O3 -cubin -std=c++17 ${NVCC_EXTRA:-} -I"$root" "${args[@]}" -Xptxas -v -o "$out/k.cubin" \
+"$nvcc" -arch=sm_90a -O3 -cubin -std=c++17 ${NVCC_EXTRA:-} -I"$root" "${args[@]}" -Xptxas -v -o "$out/k.cubin" \
   -x cu "$root/kernels/kimi/cuda/megakernel.cu" 2>&1 | grep -E "Function properties|registers|spill|error" | grep -v "^ptxas info    : Compiling" || true

@@ -48,6 +48,11 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"gemv_code", "lean"}}).empty());
   CHECK(why_not({{"gemv_code", "lean"}, {"pipeline", 0}}).find("lean") != std::string::npos);
   CHECK(why_not({{"gemv_code", "lean"}, {"scales", "smem"}}).find("lean") != std::string::npos);
+  // The loader warp deals the static schedule's items and skips the cooperative-groups barrier.
+  CHECK(why_not({{"stages", 12}, {"feed", "loader"}}).empty());
+  CHECK(why_not({{"feed", "loader"}}).find("stages > 0") != std::string::npos);
+  CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"sched", "dynamic"}}).find("sched static") != std::string::npos);
+  CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"barrier", "coop"}}).find("coop") != std::string::npos);
 }
 
 TEST_CASE("all CUDA kernels compile for sm_90") {

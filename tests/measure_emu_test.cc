@@ -186,6 +186,22 @@ TEST_CASE("emulated CUDA megakernel with the bulk feed reproduces golden kimi-to
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
+TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-top8") {
+  // A fourth warpgroup's first warp walks every GEMV phase's stages of its
+  // block and keeps the ring full across the grid barriers; the consumers'
+  // block barriers are a named barrier without it. On 3 SMs (several items
+  // per block and phase; the M layer's attention borrowing the ring's
+  // memory in between), a 2-deep ring with 4 consumer warps (the loader
+  // waits for a slot at nearly every stage), and on 32 SMs with k-split
+  // sums added by atomics.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 12}, {"feed", "loader"}});
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 2}, {"feed", "loader"}, {"threads", 128}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
 TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed tile before this layer's routing") {
   // stream names the MoE phase's first item during o_proj. A block whose
   // first gate/up item is a routed tile must not stream it with the
@@ -201,6 +217,9 @@ TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed
   cfg.kda_heads = 8;
   REQUIRE_MESSAGE(cfg.check(&err), err);
   oracle_through_emu(cfg, {{"stages", 4}, {"feed", "stream"}}, "12");
+  // The loader warp reaches those routed tiles as early as it can: it must
+  // wait for this block's routing of the layer.
+  oracle_through_emu(cfg, {{"stages", 4}, {"feed", "loader"}}, "12");
 }
 
 TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {

@@ -95,6 +95,7 @@ struct WarpState {
 
 struct BlockState {
   unsigned arrived = 0, generation = 0;
+  unsigned named_arrived = 0, named_generation = 0;  // named barrier 1 (bar.sync 1, n)
   std::vector<unsigned char> smem;
   std::vector<WarpState> warps;
 };
@@ -146,6 +147,19 @@ inline void block_barrier() {
     return;
   }
   while (b.generation == gen) yield();
+}
+
+// Named barrier 1 among `count` of the block's threads (bar.sync 1, count):
+// the others (a loader warp) never join it.
+inline void named_barrier(unsigned count) {
+  BlockState& b = g_launch->blocks[self().block];
+  unsigned gen = b.named_generation;
+  if (++b.named_arrived == count) {
+    b.named_arrived = 0;
+    ++b.named_generation;
+    return;
+  }
+  while (b.named_generation == gen) yield();
 }
 
 inline WarpState& my_warp() { return g_launch->blocks[self().block].warps[self().thread / 32]; }

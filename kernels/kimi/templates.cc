@@ -51,13 +51,15 @@ KnobSpace cuda_mega_space() {
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
-      {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream"}, "cp_async",
+      {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream", "loader"}, "cp_async",
        "with stages: how a stage reaches shared memory: every thread copies 16-byte pieces of the weights as "
        "stored (cp.async, a block barrier per stage); or one thread copies the stage in one piece (a bulk "
        "copy on the copy engine, completion and release on mbarriers) from a copy of the weights repacked "
        "once per load (the prepare table) into stages with the nibbles laid out for the mma, each item's "
        "stages issued from its start (bulk), the block's next item's streaming behind the current one's "
-       "(next), and also the next GEMV phase's first item's behind a phase's last (stream)"},
+       "(next), and also the next GEMV phase's first item's behind a phase's last (stream); or a ninth warp, "
+       "the loader, that never waits at a grid barrier, walks the block's stages of every GEMV phase of the "
+       "step in order and keeps the ring full across the barriers (loader)"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -102,7 +104,15 @@ KnobSpace cuda_mega_space() {
     // The bulk feed streams the staged path's stages into mma fragments.
     if (p["feed"].get<std::string>() != "cp_async" &&
         (p["stages"].get<int>() == 0 || p["dequant"].get<std::string>() != "mma")) {
-      *why = "feed bulk, next and stream need stages > 0 and dequant mma";
+      *why = "feed bulk, next, stream and loader need stages > 0 and dequant mma";
+      return false;
+    }
+    // The loader warp walks the blocks' items as the static schedule deals
+    // them, and it never joins cooperative groups' grid sync (which takes
+    // every thread of the block).
+    if (p["feed"].get<std::string>() == "loader" &&
+        (p["sched"].get<std::string>() != "static" || p["barrier"].get<std::string>() == "coop")) {
+      *why = "feed loader needs sched static and a barrier other than coop";
       return false;
     }
     // The lean loop is one shape: two batches in flight, scales one group ahead.

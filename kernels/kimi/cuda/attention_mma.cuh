@@ -216,18 +216,18 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     // weighted sum of tile s and the scores of tile s + 1 (independent mma
     // chains, so they overlap), and after a second one tile s + 1's softmax.
     kt_cp_async_wait<AM_STAGES - 1>();
-    __syncthreads();
+    kt_block_sync();
     if (dims) am_scores(A.tile[0], A, w, lane, al, q, qr);
-    __syncthreads();
+    kt_block_sync();
     am_softmax(c, A, imin(AM_ROWS, r1 - r0), m, l);
     for (int s = 0; s < ntiles; ++s) {
       kt_cp_async_wait<AM_STAGES - 2>();
-      __syncthreads();  // tile s + 1 is in, tile s's probabilities are out
+      kt_block_sync();  // tile s + 1 is in, tile s's probabilities are out
       if (dims) {
         am_weighted_sum(A.tile[s % AM_STAGES], A, w, lane, al, o);
         if (s + 1 < ntiles) am_scores(A.tile[(s + 1) % AM_STAGES], A, w, lane, al, q, qr);
       }
-      __syncthreads();  // tile s is used up, tile s + 1's partial scores are in
+      kt_block_sync();  // tile s is used up, tile s + 1's partial scores are in
       issue(s + AM_STAGES);
       if (s + 1 < ntiles) am_softmax(c, A, imin(AM_ROWS, r1 - r0 - (s + 1) * AM_ROWS), m, l);
     }
@@ -258,5 +258,5 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     }
   }
   kt_cp_async_wait<0>();  // the last items' empty groups
-  __syncthreads();        // the next phase may reuse the pipe
+  kt_block_sync();        // the next phase may reuse the pipe
 }

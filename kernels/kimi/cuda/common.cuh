@@ -414,6 +414,40 @@ KT_DEV float kt_silu(float v) { return v / (1.0f + expf(-v)); }
 KT_DEV float kt_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 KT_DEV float kt_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
+// ---- register split (sm_90a) ---------------------------------------------------------
+// setmaxnreg: a warpgroup (all 4 of its warps, together) gives registers
+// back to the SM's pool (dec) or takes more from it (inc, waiting until the
+// pool has them), so a producer warpgroup that needs few lends its share to
+// the consumers. N: a multiple of 8 in 24..256. The emulator has no
+// register file: nothing to do.
+template <int N>
+KT_DEV void kt_setmaxnreg_dec() {
+#ifndef KT_EMULATION
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+template <int N>
+KT_DEV void kt_setmaxnreg_inc() {
+#ifndef KT_EMULATION
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+
+// ---- block barrier -------------------------------------------------------------------
+// The kernel's block-wide barrier. Where a kernel defines KT_SYNC_THREADS
+// (its block has a loader warp past those threads that never waits with
+// them), named barrier 1 among the first KT_SYNC_THREADS threads;
+// otherwise __syncthreads.
+KT_DEV void kt_block_sync() {
+#if !defined(KT_SYNC_THREADS)
+  __syncthreads();
+#elif defined(KT_EMULATION)
+  kt_emu::named_barrier(KT_SYNC_THREADS);
+#else
+  asm volatile("bar.sync 1, %0;" ::"n"(KT_SYNC_THREADS) : "memory");
+#endif
+}
+
 // ---- grid-wide barrier -----------------------------------------------------------
 // All blocks of a cooperative launch meet here. style 0: a counter and a
 // generation number in global memory (the last block to arrive resets the
@@ -437,16 +471,16 @@ KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr) {
   }
 #endif
   if (style == 2) {
-    __syncthreads();
+    kt_block_sync();
     if (threadIdx.x == 0) {
       *target += gridDim.x;
       kt_red_release_add(&bar->count, 1u);
       while (kt_ld_acquire(&bar->count) < *target) __nanosleep(8);
     }
-    __syncthreads();
+    kt_block_sync();
     return;
   }
-  __syncthreads();
+  kt_block_sync();
   if (threadIdx.x == 0) {
     volatile unsigned* gen = &bar->generation;
     unsigned seen = *gen;  // read before arriving: the last arriver bumps it only after everyone arrived
@@ -460,13 +494,13 @@ KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr) {
     }
     __threadfence();
   }
-  __syncthreads();
+  kt_block_sync();
 }
 
 // Style 2's reset: the last block out of the kernel zeroes the counter for
 // the next launch (no block polls it any more by then).
 KT_DEV void kt_grid_exit(KtGridBarrier* bar) {
-  __syncthreads();
+  kt_block_sync();
   if (threadIdx.x == 0 && atomicAdd(&bar->exits, 1u) == gridDim.x - 1) {
     atomicExch(&bar->count, 0u);
     atomicExch(&bar->exits, 0u);

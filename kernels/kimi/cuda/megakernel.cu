@@ -71,6 +71,13 @@
 // the next GEMV phase's first item's behind a phase's last: gemv_staged,
 // repack_stage).
 #include "kernels/kimi/cuda/abi.h"
+// Threads per block: KT_THREADS, and the loader warp with KT_FEED 4.
+#define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0))
+#if KT_FEED == 4
+// The loader warp (threads KT_THREADS .. KT_THREADS + 31) never joins the
+// block's barriers: they are named barrier 1 among the other threads.
+#define KT_SYNC_THREADS KT_THREADS
+#endif
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
 
@@ -102,7 +109,8 @@ static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
-static_assert(KT_FEED == 0 || (KT_FEED <= 3 && KT_STAGES > 0 && KT_DEQUANT == 1), "feed bulk, next or stream: stages > 0, dequant mma");
+static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1), "feed bulk, next, stream or loader: stages > 0, dequant mma");
+static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1), "feed loader: static schedule, no cooperative-groups barrier");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -160,7 +168,22 @@ constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
 constexpr int pow2_floor(int x) { return x < 2 ? 1 : 2 * pow2_floor(x / 2); }
 constexpr int AM_WD = pow2_floor(cmin(WARPS, cmin(R / 16, AM_WMAX)));
 constexpr int AM_DW = R / AM_WD;
-constexpr int kRegBudget = 65536 / (THREADS * KT_BLOCKS_PER_SM) < 255 ? 65536 / (THREADS * KT_BLOCKS_PER_SM) : 255;
+// Registers per thread: an SM's four schedulers each have 16K registers and
+// take every fourth warp, so the busiest holds ceil(warps / 4) of each block
+// (9 warps, with the loader, leave as few as 12 would: 168).
+constexpr int kSchedWarps = (KT_BLOCK_THREADS / 32 + 3) / 4 * KT_BLOCKS_PER_SM;
+constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWarps * 32) : 255;
+// KT_FEED 4: the loader warpgroup's registers a thread, and what that leaves
+// the consumers. setmaxnreg takes multiples of 8 (at most 256), and an inc
+// waits until the block's own released registers cover it: the consumers
+// may take only what the loader warpgroup gives back from the launch's
+// allocation (ptxas's count: kLaunchRegs rounded down to 8). Asking for more
+// waits forever (run 118: 48 and 232 hung; the SM's spare registers do not count).
+constexpr int kLoaderRegs = 40;
+constexpr int kLaunchAlloc = kLaunchRegs / 8 * 8;
+constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + 128 * (kLaunchAlloc - kLoaderRegs) / THREADS / 8 * 8);
+static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > kLoaderRegs), "loader registers");
+constexpr int kRegBudget = KT_FEED == 4 ? cmin(255, kConsumerRegs) : kLaunchRegs;
 constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
 struct alignas(16) AttMmaTile {
   uint16_t c[AM_ROWS][R + 8];
@@ -194,6 +217,10 @@ struct alignas(16) Smem {
   ktune::kimi::topk_detail::Item items[E];
   uint64_t full[STAGES], empty[STAGES];  // KT_FEED > 0: a stage landed / its warps are done with it (mbarriers)
   size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
+  // KT_FEED 4: what the loader warp waits for: MoE layers whose experts the
+  // block has selected (the routed tiles' weights), M layers whose attention
+  // is done with the ring's memory.
+  unsigned routed_layers, attentions;
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
 };
@@ -256,7 +283,7 @@ KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? 
 // Profile: every block's arrival (its last warp done with the phase).
 KT_DEV void stamp_arrival(Ctx& c) {
 #if KT_PROFILE
-  __syncthreads();
+  kt_block_sync();
   if (c.tid == 0 && c.a.trace && c.barriers < KT_TRACE_MAX_BARRIERS && blockIdx.x < KT_TRACE_MAX_BLOCKS) {
     unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
     t[KT_TRACE_ARRIVALS + c.barriers * KT_TRACE_MAX_BLOCKS + blockIdx.x] = kt_globaltimer();
@@ -291,14 +318,34 @@ KT_DEV void publish(Ctx& c, unsigned* counter, unsigned v) {
 KT_DEV void wait_for(Ctx& c, const unsigned* counter, unsigned target) {
   if (c.tid == 0)
     while (kt_ld_acquire(counter) < target) __nanosleep(32);
-  __syncthreads();
+  kt_block_sync();
+}
+
+// KT_FEED 4: thread 0 tells the loader warp that a shared-memory flag
+// reached v (call after a block barrier: what the block wrote before it is
+// then visible to the loader, which reads the flag with loader_wait).
+KT_DEV void signal_loader(Ctx& c, unsigned* flag, unsigned v) {
+#if KT_FEED == 4
+  if (c.tid == 0) {
+    __threadfence_block();
+    *reinterpret_cast<volatile unsigned*>(flag) = v;
+  }
+#else
+  (void)c;
+  (void)flag;
+  (void)v;
+#endif
+}
+KT_DEV void loader_wait(const unsigned* flag, unsigned target) {
+  while (*reinterpret_cast<const volatile unsigned*>(flag) < target) __nanosleep(20);
+  __threadfence_block();
 }
 
 KT_DEV float block_sum(Ctx& c, float v) {
   v = kt_warp_sum(v);
-  __syncthreads();
+  kt_block_sync();
   if (c.lane == 0) c.sm->bsum[c.warp] = v;
-  __syncthreads();
+  kt_block_sync();
   float t = 0;
   for (int w = 0; w < WARPS; ++w) t += c.sm->bsum[w];
   return t;
@@ -306,9 +353,9 @@ KT_DEV float block_sum(Ctx& c, float v) {
 
 KT_DEV float block_max(Ctx& c, float v) {
   v = kt_warp_max(v);
-  __syncthreads();
+  kt_block_sync();
   if (c.lane == 0) c.sm->bsum[c.warp] = v;
-  __syncthreads();
+  kt_block_sync();
   float t = -INFINITY;
   for (int w = 0; w < WARPS; ++w) t = fmaxf(t, c.sm->bsum[w]);
   return t;
@@ -354,7 +401,7 @@ KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
         c.sm->xs_lo[4 * v + j] = 0;
       }
   }
-  __syncthreads();
+  kt_block_sync();
 }
 
 // KT_REDUCE 1: the vector a carried phase (o_proj, down) would have written,
@@ -391,7 +438,7 @@ KT_DEV void stage_carried(Ctx& c, const float* sums, const uint16_t* res, const 
     }
   }
   for (int i = c.tid; i < D / 2; i += THREADS) c.sm->xs_lo[i] = 0;
-  __syncthreads();
+  kt_block_sync();
 }
 
 // The input of a phase that opens a residual block: RMSNorm(vec) * w into
@@ -422,7 +469,7 @@ KT_DEV void stage_bf16(Ctx& c, const uint16_t* x, int n) {
       reinterpret_cast<uint4*>(c.sm->xs_lo)[v] = make_uint4(0, 0, 0, 0);
     }
   }
-  __syncthreads();
+  kt_block_sync();
 }
 
 // Stores an fp32 pair as hi + lo bf16 parts.
@@ -849,7 +896,7 @@ KT_DEV void gemv_registers(Ctx& c, P& p, int tile, int kc0, int kc1, float (&acc
   p.stage(c, tile, kc0, kc1);
 #if KT_SCALES == 1
   kt_cp_async_wait<0>();
-  __syncthreads();
+  kt_block_sync();
 #endif
   const int segc = p.seg_chunks(tile), gg0 = kc0 / STAGE_CHUNKS;
   const int wc0 = kc0 + (kc1 - kc0) * c.warp / WARPS, wc1 = kc0 + (kc1 - kc0) * (c.warp + 1) / WARPS;
@@ -900,11 +947,17 @@ static_assert(WARPS % FEED_WPG == 0 && STAGE_CHUNKS % FEED_WPG == 0, "feed: whol
 // KT_FEED > 0: thread 0 copies the block's next stage (segment sg's group
 // `group`, repacked) into the ring's next slot in one bulk copy, once every
 // warp has released what the slot held (its empty mbarrier's last phase).
+// The thread that issues the stages: the loader warp's first (KT_FEED 4), else thread 0.
+KT_DEV bool feeds(const Ctx& c) { return c.tid == (KT_FEED == 4 ? THREADS : 0); }
 KT_DEV void feed_raw(Ctx& c, size_t offset) {
-  if (c.tid != 0) return;
+  if (!feeds(c)) return;
   const unsigned slot = c.fed % STAGES, round = c.fed / STAGES;
   if (round > 0) kt_mbar_wait(&c.sm->empty[slot], (round - 1) & 1);
-  kt_fence_proxy_async();  // the warps' reads of the slot before the copy's writes
+  // The warps' reads of the slot before the copy's writes: the empty
+  // mbarrier orders them (as in a TMA pipeline). The bulk feeds also follow
+  // the attention's cp.async writes into the same memory without a block-wide
+  // fence: this one covers it. The loader's follow attention_done's.
+  if (KT_FEED != 4) kt_fence_proxy_async();
   Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
   kt_mbar_arrive_expect_tx(&c.sm->full[slot], unsigned(sizeof(Stage)));
   kt_bulk_copy_g2s(&stages[slot], c.a.scratch + offset, unsigned(sizeof(Stage)), &c.sm->full[slot]);
@@ -940,7 +993,7 @@ KT_DEV void feed_next_stages(Ctx& c, int q0, int q1) {
 
 // Stages [q0, q1) of the item whose groups start at g0 (a tile of phase p).
 template <class P>
-KT_DEV void feed_item_stages(Ctx& c, P& p, int tile, int g0, int q0, int q1) {
+KT_DEV void feed_item_stages(Ctx& c, const P& p, int tile, int g0, int q0, int q1) {
   const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
   for (int q = q0; q < q1; ++q) feed_stage(c, p.seg(tile, (g0 + q) / seg_groups), (g0 + q) % seg_groups);
 }
@@ -990,6 +1043,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   const int n = g1 - g0, nn = c.next_n;
   int issued = c.pre;
   auto issue_to = [&](int upto) {
+    if (KT_FEED == 4) return;  // the loader warp streams every stage
     upto = imin(upto, n + nn);
     if (issued >= upto) return;
     if (issued < n) feed_item_stages(c, p, tile, g0, issued, imin(upto, n));
@@ -1024,7 +1078,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
     if (c.lane == 0) kt_mbar_arrive(&c.sm->empty[slot]);
   }
   c.pre = issued - n;  // the next item's, already in flight
-  __syncthreads();  // every warp has released this item's slots
+  kt_block_sync();  // every warp has released this item's slots
 }
 #else
 template <class P>
@@ -1039,7 +1093,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   const uint32_t bias = g_bias_pair;
   for (int s = 0; s < n; ++s) {
     kt_cp_async_wait<STAGES - 2>();
-    __syncthreads();
+    kt_block_sync();
     if (s + STAGES - 1 < n) {
       const int grp = g0 + s + STAGES - 1;
       issue_stage(c, stages[(s + STAGES - 1) % STAGES], p.seg(tile, grp / seg_groups), grp % seg_groups);
@@ -1056,7 +1110,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
       chunk_compute(wa, wb, ss, zz, bias, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, acc, mma_acc);
     }
   }
-  __syncthreads();  // the ring is free for the next item (or the attention tiles)
+  kt_block_sync();  // the ring is free for the next item (or the attention tiles)
 }
 #endif
 
@@ -1195,7 +1249,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   if (first) stamp(c, c.layer, kPhaseItem);
   item_sums(c, p, tile, item.kc0, item.kc1);
   if (first) stamp(c, c.layer, kPhaseItemComputed);
-  __syncthreads();
+  kt_block_sync();
   float y = 0;
   if (c.tid < TILE)
     for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
@@ -1204,13 +1258,13 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     // the grid barrier before it publishes these atomics.
     const int n = tile * TILE + c.tid;
     if (c.tid < TILE && n < D) atomicAdd(sums + n, y);
-    __syncthreads();  // every warp's row of red was read: the block's next item clears them
+    kt_block_sync();  // every warp's row of red was read: the block's next item clears them
     if (first) stamp(c, c.layer, kPhaseItemDone);
     return;
   }
   if (S > 1) {
     if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
-    __syncthreads();
+    kt_block_sync();
     // One thread publishes the block's partials, after the block barrier
     // (cumulativity, as in a grid sync); a fence in every thread kept every
     // warp waiting on its own (ncu: membar). KT_HANDOFF 1: the counter's
@@ -1223,7 +1277,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
       c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
 #endif
     }
-    __syncthreads();
+    kt_block_sync();
     if (!c.sm->flag) {
       if (first) stamp(c, c.layer, kPhaseItemDone);
       return;
@@ -1237,9 +1291,9 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     if (c.tid == 0) c.s->counters[tile] = 0;
   }
   if (c.tid < TILE) c.sm->ytile[c.tid] = y;
-  __syncthreads();
+  kt_block_sync();
   p.epilogue(c, tile, c.sm->ytile);
-  __syncthreads();
+  kt_block_sync();
   p.after_epilogue(c, tile);
   if (first) stamp(c, c.layer, kPhaseItemDone);
 }
@@ -1312,6 +1366,7 @@ KT_DEV void prefetch_phase(Ctx& c, P& p) {
 template <class P>
 KT_DEV void early_issue(Ctx& c, P& p) {
 #if KT_STAGES > 0 && KT_EARLY
+  if (KT_FEED == 4) return;  // the loader warp streams them
   const ItemMap map(p);
   const int it = int(blockIdx.x);
   if (it < map.rows || it >= map.items) return;
@@ -1320,7 +1375,7 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 #if KT_FEED >= 1
   if (c.pre > 0) return;  // the previous phase's last item streamed them already
 #endif
-  __syncthreads();  // the shared-memory pipeline is free again
+  kt_block_sync();  // the shared-memory pipeline is free again
   stage_prologue(c, p, item.tile, item.kc0 / STAGE_CHUNKS, item.kc1 / STAGE_CHUNKS);
   c.early = KT_FEED == 0;  // the bulk feed counts them in c.pre
 #else
@@ -1359,7 +1414,7 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
       // block's last, its first in the next GEMV phase np (when nothing
       // between them uses the ring).
       c.next_n = 0;
-      if (KT_FEED >= 2 && KT_SCHED == 0 && next >= map.rows && next < map.items) {
+      if ((KT_FEED == 2 || KT_FEED == 3) && KT_SCHED == 0 && next >= map.rows && next < map.items) {
         const Item ni = map.item(next);
         if (p.feedable(c, ni.tile)) name_next(c, p, ni.tile, ni.kc0, ni.kc1);
       } else if (KT_FEED == 3 && KT_SCHED == 0 && next >= map.items && np) {
@@ -1375,9 +1430,9 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
     }
 #if KT_SCHED == 1
     if (c.tid == 0) c.sm->next_item = next;
-    __syncthreads();
+    kt_block_sync();
     next = c.sm->next_item;
-    __syncthreads();  // read by all before thread 0 writes it again
+    kt_block_sync();  // read by all before thread 0 writes it again
 #endif
     it = next;
   }
@@ -1464,7 +1519,7 @@ struct QkvgPhase : PhaseDefaults {
       if (c.lane == 0) c.s->beta_raw[h] = kt_f2bf(v);
     }
 #if KT_KDA_START == 1
-    __syncthreads();
+    kt_block_sync();
     for (int hh = item * WARPS; hh < imin(KH, (item + 1) * WARPS); ++hh) publish(c, &c.s->head_ready[layer][hh], 1u);
 #endif
   }
@@ -1525,7 +1580,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
       c.sm->qq[i] = kt_bf2f(kt_ld_cg(&c.s->act[0][h * KD + i])) * 0.08838834764831845f;  // 128^-0.5
       c.sm->dec[i] = expf(-kt_softplus(kt_bf2f(kt_ld_cg(&c.s->graw[h * KD + i]))));
     }
-    __syncthreads();
+    kt_block_sync();
     const float beta = kt_sigmoid(kt_bf2f(kt_ld_cg(&c.s->beta_raw[h])));
     float pred = 0;
 #pragma unroll
@@ -1536,7 +1591,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
       pred += sv[r] * c.sm->kq[i];
     }
     c.sm->part[0][c.warp][c.lane] = pred;
-    __syncthreads();
+    kt_block_sync();
     pred = 0;
     for (int w = 0; w < WARPS; ++w) pred += c.sm->part[0][w][c.lane];
     const float delta = beta * (kt_bf2f(kt_ld_cg(&c.s->act[2][h * KD + j])) - pred);
@@ -1550,13 +1605,13 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
       o += sv[r] * c.sm->qq[i];
     }
     c.sm->part[1][c.warp][c.lane] = o;
-    __syncthreads();
+    kt_block_sync();
     if (c.warp == 0) {
       float ot = 0;
       for (int w = 0; w < WARPS; ++w) ot += c.sm->part[1][w][c.lane];
       c.s->kda_o[h * KD + j] = kt_f2bf(ot);
     }
-    __syncthreads();
+    kt_block_sync();
   }
 }
 
@@ -1770,7 +1825,7 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
       if (sn < ntiles) issue_att_tile(c, tiles[sn % ATT_STAGES], src, r0 + sn * ATT_ROWS, imin(ATT_ROWS, r1 - r0 - sn * ATT_ROWS));
       kt_cp_async_commit();
       kt_cp_async_wait<ATT_STAGES - 1>();
-      __syncthreads();
+      kt_block_sync();
       const AttTile& tile = tiles[s % ATT_STAGES];
       const int rows_here = imin(ATT_ROWS, r1 - r0 - s * ATT_ROWS);
 #pragma unroll
@@ -1814,7 +1869,7 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
           m[i] = mn;
         }
       }
-      __syncthreads();
+      kt_block_sync();
     }
 #pragma unroll
     for (int i = 0; i < HPW; ++i) {
@@ -1891,7 +1946,7 @@ struct WuvPhase : PhaseDefaults {
         stage_f32_pair(c, d0 / 2 + 1, v.z / den, v.w / den);
       }
     }
-    __syncthreads();
+    kt_block_sync();
   }
   // cw[ch] = exp(m_ch - M) for every chunk and wden = sum cw[ch] l_ch, in
   // shared memory (block-wide: every thread calls it once).
@@ -1913,7 +1968,7 @@ struct WuvPhase : PhaseDefaults {
     }
     den = block_sum(c, den);  // its barriers also publish cw
     if (c.tid == 0) c.sm->wden = den;
-    __syncthreads();
+    kt_block_sync();
   }
   KT_DEV void epilogue(Ctx& c, int h, const float* y) {
     if (c.tid < VH) c.s->mla_o[h * VH + c.tid] = kt_f2bf(y[c.tid]);
@@ -1982,7 +2037,7 @@ KT_DEV void select_experts(Ctx& c, int layer) {
       if (blockIdx.x == 0 && c.a.topk_out) c.a.topk_out[layer * TOPK + c.lane] = c.sm->topk[c.lane];
     }
   }
-  __syncthreads();
+  kt_block_sync();
 }
 
 // The MoE's first half in one phase: the router logits (row items, done
@@ -2015,7 +2070,7 @@ struct MoeAPhase : PhaseDefaults {
       const float v = row_dot(c, L.router + size_t(e) * D);
       if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
     }
-    __syncthreads();
+    kt_block_sync();
     publish(c, &c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
@@ -2027,6 +2082,7 @@ struct MoeAPhase : PhaseDefaults {
     wait_for(c, &c.s->router_done[layer], unsigned(E));
     select_experts(c, layer);
     c.routed = true;
+    signal_loader(c, &c.sm->routed_layers, unsigned(layer + 1));
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     int slot, up;
@@ -2091,7 +2147,7 @@ struct DownPhase : PhaseDefaults {
         }
       }
     }
-    __syncthreads();
+    kt_block_sync();
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     if (c.tid < TILE) {
@@ -2166,6 +2222,61 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   // The routing is this layer's: the next layer's o_proj must not name a
   // routed gate/up tile with it (feedable).
   c.routed = false;
+}
+
+#if KT_FEED == 4
+// ---- the loader warp (KT_FEED 4) ------------------------------------------------------
+// A ninth warp walks the block's stages of every GEMV phase of the step in
+// the order the consumers take them (each phase's ItemMap dealt round-robin,
+// each item's groups in order) and bulk-copies each into the ring's next
+// slot once its consumers have released it (feed_raw). It never waits at a
+// grid barrier, so while the consumers wait there the ring fills with the
+// next phase's first stages, and no item starts from an empty ring (the
+// GEMV engine's v11 design). It waits only where the weights are not yet
+// named or the ring's memory is lent: the routed experts' tiles until this
+// block has selected the layer's experts, and an M layer's wuv phase until
+// the attention (whose row tiles use the same memory) is done.
+template <class P>
+KT_DEV void load_phase(Ctx& c, const P& p, int layer) {
+  const ItemMap map(p);
+  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
+    if (it < map.rows) continue;
+    const Item item = map.item(it);
+    if (!p.static_weights(item.tile)) loader_wait(&c.sm->routed_layers, unsigned(layer + 1));
+    feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
+  }
+}
+KT_DEV void loader_main(Ctx& c) {
+  unsigned m_layers = 0;
+  for (int layer = 0; layer < KT_LAYERS; ++layer) {
+    const KtLayer& Ly = c.a.layers[layer];
+    if (!m_layer(layer)) {
+      load_phase(c, QkvgPhase{{layer_repack(layer)}, Ly.kda, layer}, layer);
+      load_phase(c, make_oproj(c, layer, Ly.kda.o, C, nullptr), layer);
+    } else {
+      load_phase(c, Mla1Phase{{layer_repack(layer)}, Ly.mla, c.a.context}, layer);
+      loader_wait(&c.sm->attentions, ++m_layers);
+      load_phase(c, WuvPhase{{layer_repack(layer)}, Ly.mla, 0}, layer);
+      load_phase(c, make_oproj(c, layer, Ly.mla.o, MO, nullptr), layer);
+    }
+    load_phase(c, MoeAPhase{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk}, layer);
+    loader_wait(&c.sm->routed_layers, unsigned(layer + 1));  // down reads every routed expert
+    load_phase(c, DownPhase{{moe_layer_repack(layer)}, Ly.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr},
+               layer);
+  }
+}
+#endif
+
+// KT_FEED 4: the attention is done with the ring's memory; the loader warp
+// may fill it again.
+KT_DEV void attention_done(Ctx& c) {
+#if KT_FEED == 4
+  kt_fence_proxy_async();  // this thread's accesses to the tiles before the loader's bulk copies
+  kt_block_sync();
+  if (c.tid == 0) signal_loader(c, &c.sm->attentions, c.sm->attentions + 1);
+#else
+  (void)c;
+#endif
 }
 
 }  // namespace mk
@@ -2283,10 +2394,10 @@ __device__ KtLaunch ktune_prepare[1] = {{1, -4, 256, 0, 0, {{0, 0, 0, 0}}}};
 __device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
 #endif
 __device__ int ktune_num_launches = 1;
-__device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
+__device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
 }
 
-extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
+extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     ktune_k0(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
   using namespace mk;
   Ctx c{a, reinterpret_cast<Scratch*>(a.scratch), reinterpret_cast<Smem*>(kt_smem()), int(threadIdx.x),
@@ -2299,8 +2410,20 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
       kt_mbar_init(&c.sm->empty[i], FEED_WPG);  // the warps of the group that takes the stage
     }
     kt_mbar_fence_init();
+    c.sm->routed_layers = 0;
+    c.sm->attentions = 0;
   }
-  __syncthreads();
+  __syncthreads();  // the whole block, the loader warp too
+#endif
+#if KT_FEED == 4
+  // The loader warpgroup keeps kLoaderRegs registers a thread and lends the
+  // rest to the consumers (setmaxnreg); one of its warps is the loader.
+  if (c.tid >= THREADS) {
+    kt_setmaxnreg_dec<kLoaderRegs>();
+    if (c.warp == WARPS) loader_main(c);
+    return;
+  }
+  kt_setmaxnreg_inc<kConsumerRegs>();
 #endif
 #if KT_REDUCE == 1
   // The sums o_proj and down add into start at zero. Block 0's stores are
@@ -2350,6 +2473,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
 #else
       attn_phase(c, L, pos);
 #endif
+      attention_done(c);
       WuvPhase wuv{{layer_repack(layer)}, L, attn_chunks(pos + 1)};
       OprojPhase oproj = make_oproj(c, layer, L.o, MO, x);
       barrier_before(c, wuv);
@@ -2362,7 +2486,7 @@ extern "C" __global__ void __launch_bounds__(KT_THREADS, KT_BLOCKS_PER_SM)
   }
   stamp(c, KT_LAYERS, 8);
   // The last block out resets the launch's counters for the next one.
-  __syncthreads();
+  kt_block_sync();
   if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
     for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
 #if KT_KDA_START == 1
