@@ -69,7 +69,9 @@
 // mbarriers, warps in groups of 4 taking the stages in turn; 2, the same,
 // the block's next item's stages streamed behind the current one's; 3, also
 // the next GEMV phase's first item's behind a phase's last: gemv_staged,
-// repack_stage).
+// repack_stage; 4, a fourth warpgroup whose first warp, the loader, streams
+// every stage of the block's GEMV items of the whole step, across the grid
+// barriers, which it never joins: loader_main).
 #include "kernels/kimi/cuda/abi.h"
 // Threads per block: KT_THREADS, and the loader warp with KT_FEED 4.
 #define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0))
