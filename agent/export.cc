@@ -222,13 +222,6 @@ bool export_variant(const ExportOptions& o, std::string* summary, std::string* e
            ", one launch per step) export to PyTorch";
     return false;
   }
-  // A variant that reads weights repacked by its prepare table (abi.h)
-  // would read unfilled scratch: the module runs the step's launch only.
-  if (v.knobs.is_object() && v.knobs.contains("feed") && v.knobs["feed"] != "cp_async") {
-    *err = name + " reads its weights from a copy its prepare table repacks (feed " + v.knobs["feed"].dump() +
-           "), which the PyTorch module does not run; export a variant with feed cp_async";
-    return false;
-  }
   std::string source = without_emulator(v.source);
   std::smatch m;
   if (!std::regex_search(source, m, std::regex(R"(ktune_num_launches\s*=\s*(\d+)\s*;)")) || m[1] != "1" ||

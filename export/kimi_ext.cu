@@ -48,8 +48,12 @@ std::string plan_launch(LaunchPlan* plan) {
   // get no host shadow in a host+device translation unit, so the symbols
   // cannot be read here. These mirror the megakernel template's own table.
   const int abi = KT_ABI_VERSION, launches = 1;
-  plan->launch = KtLaunch{0, -KT_BLOCKS_PER_SM, KT_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}};
+  plan->launch = KtLaunch{0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}};
+#if KT_FEED >= 1
+  plan->scratch_bytes = (long long)(mk::kRepackOffset + mk::kRepackBytes);  // and the repacked weights
+#else
   plan->scratch_bytes = (long long)sizeof(mk::Scratch);
+#endif
   const int config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
                                         KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
   for (int i = 0; i < KT_CONFIG_FIELDS; ++i) plan->config[i] = config[i];
@@ -86,6 +90,28 @@ cudaError_t launch_step(const LaunchPlan& plan, const KimiDeviceArgs& args, cuda
                                        dim3(plan.launch.block), params, size_t(plan.launch.smem), stream);
   return cudaLaunchKernel(reinterpret_cast<const void*>(ktune_k0), dim3(plan.grid), dim3(plan.launch.block), params,
                           size_t(plan.launch.smem), stream);
+}
+
+// The prepare table's launch (variants whose `feed` reads repacked weights:
+// ktune_k1 repacks every GEMV matrix into the scratch), once after the
+// scratch is zeroed and the weights are bound; it mirrors the template's
+// ktune_prepare entry (4 blocks of 256 threads per SM). Nothing for others.
+cudaError_t launch_prepare(const KimiDeviceArgs& args, cudaStream_t stream) {
+#if KT_FEED >= 1
+  int device = 0, sms = 0;
+  cudaError_t e;
+  if ((e = cudaGetDevice(&device)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+    return e;
+  KimiDeviceArgs a = args;
+  KtLaunchArgs la{};
+  void* params[] = {&a, &la};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(ktune_k1), dim3(4 * sms), dim3(256), params, 0, stream);
+#else
+  (void)args;
+  (void)stream;
+  return cudaSuccess;
+#endif
 }
 
 }  // namespace kimi_ext
@@ -203,11 +229,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bind(at::TensorList weights, at::
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(b.device);
   cudaError_t e = cudaMemsetAsync(scratch.data_ptr(), 0, scratch.numel(), stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(topk.data_ptr(), 0xff, topk.numel() * sizeof(int), stream);
-  // Done before any stream the caller picks for the steps launches one.
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   TORCH_CHECK(e == cudaSuccess, cuda_message("zeroing the kernel's scratch", e));
   b.args.scratch = static_cast<uint8_t*>(scratch.data_ptr());
   b.args.topk_out = topk.data_ptr<int>();
+  // The prepare table reads the weights bound above; it and the zeroing are
+  // done before any stream the caller picks for the steps launches one.
+  e = launch_prepare(b.args, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  TORCH_CHECK(e == cudaSuccess, cuda_message("repacking the weights (the variant's prepare table)", e));
   at::Tensor bound = at::empty({int64_t(sizeof(Bound))}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(bound.data_ptr(), &b, sizeof b);
   return {bound, scratch, topk};

@@ -1,6 +1,7 @@
-// Every CUDA kernel ktune ships compiles for sm_90 with nvcc, on any machine
+// Every CUDA kernel ktune ships compiles for sm_90a with nvcc, on any machine
 // with the toolkit (no GPU needed): the megakernel at its default knobs and
-// at every value of every knob, the baseline, and the test variants. CI has
+// at every value of every knob (and the register path's own knobs), the
+// baseline, and the test variants. CI has
 // no GPU; this is how it knows the GPU code builds. Also: the knob settings
 // the space refuses before anything is built.
 #include <doctest/doctest.h>
@@ -37,36 +38,58 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
     std::string why;
     return mega->space.valid(mega->space.complete(knobs), &why) ? std::string() : why;
   };
-  // Two blocks per SM fit at 4 and 8 warps (with 16-row attention tiles), not at 12 or 16.
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}}).empty());
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"attn_rows", 16}}).empty());
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 384}, {"attn_rows", 16}}).find("threads <= 256") != std::string::npos);
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 512}, {"attn_rows", 16}}).find("threads <= 256") != std::string::npos);
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}}).find("attn_rows 32") != std::string::npos);
+  // Two blocks per SM fit at 4 and 8 warps (with 16-row attention tiles and
+  // a ring of at most 6 stages), not at 12 or 16.
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}, {"stages", 6}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"attn_rows", 16}, {"stages", 4}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}}).find("stages <= 6") != std::string::npos);
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 384}, {"attn_rows", 16}, {"stages", 4}}).find("threads <= 256") !=
+        std::string::npos);
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 512}, {"attn_rows", 16}, {"stages", 4}}).find("threads <= 256") !=
+        std::string::npos);
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"stages", 4}}).find("attn_rows 32") != std::string::npos);
   CHECK(why_not({{"threads", 384}}).empty());
   // The lean GEMV loop has one shape.
   CHECK(why_not({{"gemv_code", "lean"}}).empty());
   CHECK(why_not({{"gemv_code", "lean"}, {"pipeline", 0}}).find("lean") != std::string::npos);
   CHECK(why_not({{"gemv_code", "lean"}, {"scales", "smem"}}).find("lean") != std::string::npos);
-  // The loader warp deals the static schedule's items and skips the cooperative-groups barrier.
-  CHECK(why_not({{"stages", 12}, {"feed", "loader"}}).empty());
-  CHECK(why_not({{"feed", "loader"}}).find("stages > 0") != std::string::npos);
+  // The loader warp (the default) deals the static schedule's items and
+  // skips the cooperative-groups barrier; it needs the staged path and mma.
+  CHECK(why_not({}).empty());
+  CHECK(why_not({{"stages", 0}}).find("stages > 0") != std::string::npos);
+  CHECK(why_not({{"dequant", "fma"}}).find("dequant mma") != std::string::npos);
+  CHECK(why_not({{"stages", 0}, {"feed", "cp_async"}, {"dequant", "fma"}}).empty());
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"sched", "dynamic"}}).find("sched static") != std::string::npos);
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"barrier", "coop"}}).find("coop") != std::string::npos);
 }
 
-TEST_CASE("all CUDA kernels compile for sm_90") {
+TEST_CASE("all CUDA kernels compile for sm_90a") {
   agent::BackendSpec spec;
   kimi::KimiConfig cfg;
   std::string err;
   if (!cuda_full_size(&spec, &cfg)) return;
   const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
   // The defaults, then each knob moved to each of its other values (a point
-  // the constraints forbid is skipped: the session never builds it).
+  // the constraints forbid is skipped: the session never builds it). Then
+  // the register path (stages 0, the cp.async feed), with each knob that
+  // only it reads moved the same way.
   std::vector<json> points = {json::object()};
   for (const variants::Knob& k : mega->space.knobs)
     for (const json& v : k.values)
       if (v != k.default_value) points.push_back({{k.name, v}});
+  const json registers = {{"stages", 0}, {"feed", "cp_async"}};
+  points.push_back(registers);
+  for (const variants::Knob& k : mega->space.knobs) {
+    if (k.name != "unroll" && k.name != "pipeline" && k.name != "scales" && k.name != "gemv_code" &&
+        k.name != "load_hint" && k.name != "dequant")
+      continue;
+    for (const json& v : k.values)
+      if (v != k.default_value) {
+        json p = registers;
+        p[k.name] = v;
+        points.push_back(p);
+      }
+  }
   struct Job {
     std::string what;
     std::string source;
@@ -100,7 +123,7 @@ TEST_CASE("all CUDA kernels compile for sm_90") {
       std::printf("  %-60s %3d registers, %d bytes spilled\n", j.what.substr(0, 60).c_str(),
                   r.resources.value("registers", 0), r.resources.value("spill_stores", 0));
   }
-  std::printf("compiled %d CUDA kernels for sm_90\n", built);
+  std::printf("compiled %d CUDA kernels for sm_90a\n", built);
 }
 
 TEST_CASE("KTUNE_CUDA_LINK=separate builds the megakernel by separate compilation and nvlink") {

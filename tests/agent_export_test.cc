@@ -141,7 +141,6 @@ TEST_CASE("export: errors say what is wrong") {
   fails_with({"--knobs", "{\"threads\": 100}", "--out", out}, "invalid knobs");
   fails_with({"--knobs", "[1", "--out", out}, "not a JSON object");
   fails_with({"--knobs", "{}", "--size", "huge", "--out", out}, "huge");
-  fails_with({"--knobs", "{\"stages\": 12, \"feed\": \"bulk\"}", "--out", out}, "prepare table");
   fails_with({"--db", db, emu.id, "--knobs", "{}", "--out", out}, "not both");
   fails_with({"--out", out}, "no variant");
   CHECK_FALSE(file_exists(out));
@@ -186,8 +185,8 @@ TEST_CASE("export: the module's CUDA code compiles and its Python imports and na
   if (nvcc.empty()) {
     MESSAGE("SKIPPED: no nvcc, the exported CUDA code was not compiled");
   } else {
-    // kimi_ext.cu with the flags PyTorch's builder adds, minus PyTorch's own headers.
-    r = run({nvcc, "-arch=sm_90", "-O3", "-std=c++17", "-c", "-DKIMI_EXT_LAUNCHER_ONLY",
+    // kimi_ext.cu with the flags PyTorch's builder adds (for 9.0a: solution.py), minus PyTorch's own headers.
+    r = run({nvcc, "-arch=sm_90a", "-O3", "-std=c++17", "-c", "-DKIMI_EXT_LAUNCHER_ONLY",
              "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
              "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-o",
              tmp.file("kimi_ext.o"), join_path(out, "kimi_ext.cu")},

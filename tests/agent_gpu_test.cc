@@ -79,10 +79,11 @@ TEST_SUITE("gpu") {
       std::string tmpl;
       json knobs;
     };
-    for (const Case& c : {Case{"kimi-mega-cuda", {{"threads", 128}}},
-                          Case{"kimi-mega-cuda", {{"dequant", "fma"}, {"stages", 0}, {"barrier", "counter"}}},
-                          Case{"kimi-mega-cuda", {{"barrier", "coop"}, {"threads", 512}, {"stages", 2}}},
-                          Case{"kimi-base-cuda", json::object()}}) {
+    for (const Case& c :
+         {Case{"kimi-mega-cuda", {{"threads", 128}}},
+          Case{"kimi-mega-cuda", {{"dequant", "fma"}, {"stages", 0}, {"feed", "cp_async"}, {"barrier", "counter"}}},
+          Case{"kimi-mega-cuda", {{"barrier", "coop"}, {"threads", 512}, {"stages", 2}, {"feed", "cp_async"}}},
+          Case{"kimi-base-cuda", json::object()}}) {
       std::string cubin = build_cuda(g.weights.cfg, c.tmpl, c.knobs);
       auto be = measure::make_backend("cuda", g.weights.cfg, &err);
       REQUIRE_MESSAGE(be, err);
@@ -186,9 +187,20 @@ TEST_SUITE("gpu") {
       if (ev.load(cubin, &m)) ev.validate(cases, max_launches, &m);
       return m;
     };
-    for (const json& knobs : {json::object(), json{{"blocks_per_sm", 2}, {"threads", 128}, {"barrier", "counter"}, {"attn_rows", 16}},
-                              json{{"unroll", 8}, {"waves", 2}, {"load_hint", "plain"}, {"prefetch", 0}, {"stages", 0}},
-                              json{{"attn_heads", 32}, {"dequant", "fma"}, {"stages", 6}},
+    for (const json& knobs : {json::object(),
+                              json{{"blocks_per_sm", 2},
+                                   {"threads", 128},
+                                   {"barrier", "counter"},
+                                   {"attn_rows", 16},
+                                   {"stages", 0},
+                                   {"feed", "cp_async"}},
+                              json{{"unroll", 8},
+                                   {"waves", 2},
+                                   {"load_hint", "plain"},
+                                   {"prefetch", 0},
+                                   {"stages", 0},
+                                   {"feed", "cp_async"}},
+                              json{{"attn_heads", 32}, {"dequant", "fma"}, {"stages", 6}, {"feed", "cp_async"}},
                               json{{"kda_start", "heads"}, {"handoff", "fence"}}}) {
       agent::Measurement m = validate(build_cuda(cfg, "kimi-mega-cuda", knobs), 1);
       std::printf("gpu small %s: %s %s launches %d\n", knobs.dump().c_str(), m.outcome.c_str(), m.error.c_str(),

@@ -46,12 +46,12 @@ KnobSpace cuda_mega_space() {
       {"sched", "KT_SCHED", {"static", "dynamic"}, "static",
        "GEMV work items after a block's first: round-robin by block index, or taken from a per-phase "
        "atomic counter, so blocks whose loads return sooner take more items"},
-      {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12, 16, 20}, 0,
+      {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12, 16, 20}, 12,
        "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async ring through shared "
        "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
-      {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream", "loader"}, "cp_async",
+      {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream", "loader"}, "loader",
        "with stages: how a stage reaches shared memory: every thread copies 16-byte pieces of the weights as "
        "stored (cp.async, a block barrier per stage); or one thread copies the stage in one piece (a bulk "
        "copy on the copy engine, completion and release on mbarriers) from a copy of the weights repacked "
@@ -89,6 +89,13 @@ KnobSpace cuda_mega_space() {
     // 512 threads in GPU sessions: RESULTS, runs 90 and 101).
     if (p["threads"].get<int>() * p["blocks_per_sm"].get<int>() > 512 && p["blocks_per_sm"].get<int>() > 1) {
       *why = "blocks_per_sm 2 needs threads <= 256 (two blocks' registers and shared memory on one SM)";
+      return false;
+    }
+    // Two blocks' shared memory: each gets ~113 KB, which a ring of more than
+    // 6 stages (8.5 KB each, beside the staged input and the attention's
+    // tiles) overflows (sizeof(Smem): 101 KB at 6 stages, 115 KB at 8).
+    if (p["blocks_per_sm"].get<int>() > 1 && p["stages"].get<int>() > 6) {
+      *why = "blocks_per_sm 2 needs stages <= 6 (two blocks' rings in shared memory)";
       return false;
     }
     // The fma attention gives each warp at most 4 of an item's heads (registers).

@@ -418,17 +418,22 @@ KT_DEV float kt_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 // setmaxnreg: a warpgroup (all 4 of its warps, together) gives registers
 // back to the SM's pool (dec) or takes more from it (inc, waiting until the
 // pool has them), so a producer warpgroup that needs few lends its share to
-// the consumers. N: a multiple of 8 in 24..256. The emulator has no
-// register file: nothing to do.
+// the consumers. N: a multiple of 8 in 24..256. Only an sm_90a build has
+// the instruction; elsewhere (the emulator, a build for plain sm_90 such as
+// PyTorch's extension builder may make) every thread keeps the launch's
+// count, which is correct, only with fewer registers for the consumers.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(KT_EMULATION)
+#define KT_HAS_SETMAXNREG 1
+#endif
 template <int N>
 KT_DEV void kt_setmaxnreg_dec() {
-#ifndef KT_EMULATION
+#ifdef KT_HAS_SETMAXNREG
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 #endif
 }
 template <int N>
 KT_DEV void kt_setmaxnreg_inc() {
-#ifndef KT_EMULATION
+#ifdef KT_HAS_SETMAXNREG
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 #endif
 }

@@ -1034,6 +1034,25 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
 // stage's full mbarrier, computes its chunks from the repacked fragments (the
 // stage's scales and (128 + zero)s are already the packed pairs dequant_col
 // takes) and releases the slot on its empty mbarrier.
+// This warp's FEED_Q chunks (from first_chunk) of a repacked stage whose
+// first chunk is lc0 of the staged input: the lane reads its 16 columns'
+// scales and (128 + zero)s, already the packed pairs dequant_col takes.
+KT_DEV void compute_feed_stage(const Stage& st, int lane, int first_chunk, uint32_t bias, const uint32_t* xh,
+                               const uint32_t* xl, int lc0, float (&mma_acc)[8][4]) {
+  const int g = lane >> 2;
+  const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
+  const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
+  const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
+  const uint32_t ss[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+  const uint32_t zz[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+#pragma unroll
+  for (int q = 0; q < FEED_Q; ++q) {
+    const int j = first_chunk + q;
+    const uint8_t* w = st.w + j * 1024 + lane * 16;
+    chunk_compute_frag(*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + 512), ss, zz, bias, xh,
+                       xl, lc0 + j, mma_acc);
+  }
+}
 template <class P>
 KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
   (void)acc;
@@ -1054,7 +1073,7 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   };
   issue_to(STAGES);
   const Stage* stages = reinterpret_cast<const Stage*>(c.sm->pipe);
-  const int g = c.lane >> 2, group = c.warp / FEED_WPG, first_chunk = (c.warp % FEED_WPG) * FEED_Q;
+  const int group = c.warp / FEED_WPG, first_chunk = (c.warp % FEED_WPG) * FEED_Q;
   const uint32_t bias = g_bias_pair;
   for (int s = 0; s < n; ++s) {
     if (s >= 1) issue_to(s + STAGES - 1);
@@ -1063,19 +1082,8 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
     ++c.eaten;
     if (s % FEED_GROUPS != group) continue;
     kt_mbar_wait(&c.sm->full[slot], parity);
-    const Stage& st = stages[slot];
-    const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
-    const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
-    const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
-    const uint32_t ss[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
-    const uint32_t zz[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
-#pragma unroll
-    for (int q = 0; q < FEED_Q; ++q) {
-      const int j = first_chunk + q;
-      const uint8_t* w = st.w + j * 1024 + c.lane * 16;
-      chunk_compute_frag(*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + 512), ss, zz, bias,
-                         c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS + j, mma_acc);
-    }
+    compute_feed_stage(stages[slot], c.lane, first_chunk, bias, c.sm->xs_hi, c.sm->xs_lo, (g0 + s) * STAGE_CHUNKS,
+                       mma_acc);
     __syncwarp();
     if (c.lane == 0) kt_mbar_arrive(&c.sm->empty[slot]);
   }
@@ -1137,6 +1145,36 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
   }
 #endif
 }
+
+#if KT_FEED == 4
+// KT_FEED 4: the consumers' loop over an item's n stages, which the loader
+// warp streams into the ring (the block's stages eaten so far: `eaten`),
+// leaving the warp's sums in red_row (lanes t == 0, columns 16 g ..).
+// Warps take the stages in groups as gemv_staged's bulk feed does. One
+// out-of-line copy for every GEMV phase: inlined, each phase type had its
+// own and ncu found 14% of the warps' stall samples waiting for
+// instructions (run 126).
+__device__ __noinline__ void consume_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int group = warp / FEED_WPG, first_chunk = (warp % FEED_WPG) * FEED_Q;
+  const Stage* stages = reinterpret_cast<const Stage*>(sm->pipe);
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  for (int s = group; s < n; s += FEED_GROUPS) {
+    const unsigned k = eaten + unsigned(s), slot = k % STAGES, parity = (k / STAGES) & 1;
+    kt_mbar_wait(&sm->full[slot], parity);
+    compute_feed_stage(stages[slot], lane, first_chunk, bias, sm->xs_hi, sm->xs_lo, (g0 + s) * STAGE_CHUNKS, mma_acc);
+    __syncwarp();
+    if (lane == 0) kt_mbar_arrive(&sm->empty[slot]);
+  }
+  gemv_finish(acc, mma_acc, out);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) red_row[16 * g + b] = out[b];
+  }
+}
+#endif
 
 // A GEMV phase P provides: tiles(), seg_chunks(tile), seg(tile, s),
 // stage(c, tile, kc0, kc1) (fill xs for that k range, or nothing when the
@@ -1223,7 +1261,15 @@ KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
   for (int i = 0; i < 16; ++i) acc[i] = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
-#if KT_STAGES > 0
+#if KT_FEED == 4
+  (void)acc;
+  (void)mma_acc;
+  (void)out;
+  p.stage(c, tile, kc0, kc1);
+  consume_stages(c.sm, c.eaten, kc0 / STAGE_CHUNKS, (kc1 - kc0) / STAGE_CHUNKS, g_bias_pair, c.sm->red[c.warp]);
+  c.eaten += unsigned((kc1 - kc0) / STAGE_CHUNKS);
+  return;
+#elif KT_STAGES > 0
   p.stage(c, tile, kc0, kc1);
   gemv_staged(c, p, tile, kc0 / STAGE_CHUNKS, kc1 / STAGE_CHUNKS, acc, mma_acc);
 #elif KT_GEMV_CODE >= 1

@@ -1009,8 +1009,12 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
   constexpr int WPS = 8 / Q, NG = CW / WPS, CT = CW * 32;
   // NOCOMP: the stream alone; NOLOAD: no copies, no waits (the compute
   // alone); NOGRID: no grid barriers (each block runs its phases back to
-  // back, x staged as before: what the barriers cost).
-  constexpr bool NOCOMP = MODE == 1, NOLOAD = MODE == 2, NOGRID = MODE == 3;
+  // back, x staged as before: what the barriers cost). MODE 4: the stream
+  // alone without grid barriers (the copies' own rate); MODE 5: the same
+  // with each stage copied in PIECES bulk copies (whether a copy's fixed
+  // cost bounds the rate).
+  constexpr bool NOCOMP = MODE == 1 || MODE == 4 || MODE == 5, NOLOAD = MODE == 2, NOGRID = MODE == 3 || MODE >= 4;
+  constexpr int PIECES = MODE == 5 ? 4 : 1;
   static_assert(NG < NS, "ring");
   extern __shared__ __align__(16) unsigned char smem[];
   const SequenceSmem m = sequence_smem<NS>(smem, CW, WPS, q);  // a row of tile sums per consumer warp
@@ -1029,7 +1033,9 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
         for (int s = r.s0; s < r.s1; ++s, ++n) {
           if (n >= NS) mbar_wait_s(empty_s + 8 * slot, parity ^ 1);
           mbar_expect(&full[slot], V10_STAGE);
-          bulk_copy(ring + slot * V10_STAGE, ph.stages + size_t(s) * V10_STAGE, V10_STAGE, &full[slot]);
+          for (int k = 0; k < PIECES; ++k)
+            bulk_copy(ring + slot * V10_STAGE + k * (V10_STAGE / PIECES),
+                      ph.stages + size_t(s) * V10_STAGE + k * (V10_STAGE / PIECES), V10_STAGE / PIECES, &full[slot]);
           if (++slot == NS) {
             slot = 0;
             parity ^= 1;
@@ -1447,7 +1453,10 @@ int main(int argc, char** argv) {
                              {"v11 Q4, 16 consumers", v11_sequence<20, 16, 4>, 20, 16, true, 16},
                              {"v11 Q4, 8 consumers, ring 22", v11_sequence<22, 8, 4>, 22, 8, true, 8},
                              {"v11 Q4, 8 consumers, ring 12", v11_sequence<12, 8, 4>, 12, 8, true, 8},
-                             {"v11 Q4, 8 consumers, no grid barriers", v11_sequence<20, 8, 4, 3>, 20, 8, true, 8}};
+                             {"v11 Q4, 8 consumers, no grid barriers", v11_sequence<20, 8, 4, 3>, 20, 8, true, 8},
+                             {"v11 Q2, stream alone, no grid barriers", v11_sequence<20, 8, 2, 4>, 20, 8, false, 8},
+                             {"v11 Q2, stream alone in 4 pieces a stage, no grid barriers", v11_sequence<20, 8, 2, 5>, 20, 8, false, 8},
+                             {"v11 Q2, 8 consumers, no grid barriers", v11_sequence<20, 8, 2, 3>, 20, 8, true, 8}};
     struct Run {
       const char* name;
       int first, count;
