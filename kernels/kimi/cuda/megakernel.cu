@@ -71,7 +71,7 @@
 // the next GEMV phase's first item's behind a phase's last: gemv_staged,
 // repack_stage; 4, a fourth warpgroup whose first warp, the loader, streams
 // every stage of the block's GEMV items of the whole step, across the grid
-// barriers, which it never joins: loader_main).
+// barriers, which it never joins: loader_main, consume_stages).
 #include "kernels/kimi/cuda/abi.h"
 // Threads per block: KT_THREADS, and the loader warp with KT_FEED 4.
 #define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0))
@@ -1026,14 +1026,6 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
 // reads its 16 columns' raw scales and zeros from the stage and expands
 // them itself (no separate expansion pass and its two extra barriers).
 #if KT_FEED >= 1
-// KT_FEED > 0: no block barrier per stage. The warps form groups of FEED_WPG
-// that take an item's stages in turn (two groups at 8 warps: two stages in
-// progress, each warp FEED_Q chunks of its group's, so their chains
-// interleave and the scales are read once per FEED_Q chunks; the engine's
-// v11 measured 2 chunks a warp 12% faster than 1). A warp waits for the
-// stage's full mbarrier, computes its chunks from the repacked fragments (the
-// stage's scales and (128 + zero)s are already the packed pairs dequant_col
-// takes) and releases the slot on its empty mbarrier.
 // This warp's FEED_Q chunks (from first_chunk) of a repacked stage whose
 // first chunk is lc0 of the staged input: the lane reads its 16 columns'
 // scales and (128 + zero)s, already the packed pairs dequant_col takes.
@@ -1053,6 +1045,15 @@ KT_DEV void compute_feed_stage(const Stage& st, int lane, int first_chunk, uint3
                        xl, lc0 + j, mma_acc);
   }
 }
+// KT_FEED > 0: no block barrier per stage. The warps form groups of FEED_WPG
+// that take an item's stages in turn (two groups at 8 warps: two stages in
+// progress, each warp FEED_Q chunks of its group's, so their chains
+// interleave and the scales are read once per FEED_Q chunks; the engine's
+// v11 measured 2 chunks a warp 12% faster than 1). A warp waits for the
+// stage's full mbarrier, computes its chunks from the repacked fragments (the
+// stage's scales and (128 + zero)s are already the packed pairs dequant_col
+// takes) and releases the slot on its empty mbarrier. Feeds 1-3 (the loader's
+// consumers run consume_stages).
 template <class P>
 KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16], float (&mma_acc)[8][4]) {
   (void)acc;
@@ -1064,7 +1065,6 @@ KT_DEV void gemv_staged(Ctx& c, P& p, int tile, int g0, int g1, float (&acc)[16]
   const int n = g1 - g0, nn = c.next_n;
   int issued = c.pre;
   auto issue_to = [&](int upto) {
-    if (KT_FEED == 4) return;  // the loader warp streams every stage
     upto = imin(upto, n + nn);
     if (issued >= upto) return;
     if (issued < n) feed_item_stages(c, p, tile, g0, issued, imin(upto, n));
