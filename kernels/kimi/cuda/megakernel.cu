@@ -73,11 +73,12 @@
 // every stage of the block's GEMV items of the whole step, across the grid
 // barriers, which it never joins: loader_main, consume_stages).
 #include "kernels/kimi/cuda/abi.h"
-// Threads per block: KT_THREADS, and the loader warp with KT_FEED 4.
+// Threads per block: KT_THREADS, and the loader warpgroup with KT_FEED 4.
 #define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0))
 #if KT_FEED == 4
-// The loader warp (threads KT_THREADS .. KT_THREADS + 31) never joins the
-// block's barriers: they are named barrier 1 among the other threads.
+// The loader warpgroup (threads KT_THREADS .. KT_THREADS + 127: the loader
+// warp and three that only lend their registers) never joins the block's
+// barriers: they are named barrier 1 among the other threads.
 #define KT_SYNC_THREADS KT_THREADS
 #endif
 #include "kernels/kimi/cuda/common.cuh"
@@ -172,7 +173,7 @@ constexpr int AM_WD = pow2_floor(cmin(WARPS, cmin(R / 16, AM_WMAX)));
 constexpr int AM_DW = R / AM_WD;
 // Registers per thread: an SM's four schedulers each have 16K registers and
 // take every fourth warp, so the busiest holds ceil(warps / 4) of each block
-// (9 warps, with the loader, leave as few as 12 would: 168).
+// (12 warps with the loader warpgroup: 168).
 constexpr int kSchedWarps = (KT_BLOCK_THREADS / 32 + 3) / 4 * KT_BLOCKS_PER_SM;
 constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWarps * 32) : 255;
 // KT_FEED 4: the loader warpgroup's registers a thread, and what that leaves
