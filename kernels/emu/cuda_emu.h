@@ -137,29 +137,29 @@ inline void prepare(Fiber& f) {
   f.sp = sp;
 }
 
+// A barrier's state is an arrival count and a generation: the count-th
+// arrival starts the next generation, which releases the others.
+inline void meet(unsigned& arrived, unsigned& generation, unsigned count) {
+  unsigned gen = generation;
+  if (++arrived == count) {
+    arrived = 0;
+    ++generation;
+    return;
+  }
+  while (generation == gen) yield();
+}
+
 // Block-wide barrier (__syncthreads).
 inline void block_barrier() {
   BlockState& b = g_launch->blocks[self().block];
-  unsigned gen = b.generation;
-  if (++b.arrived == g_launch->block.x) {
-    b.arrived = 0;
-    ++b.generation;
-    return;
-  }
-  while (b.generation == gen) yield();
+  meet(b.arrived, b.generation, g_launch->block.x);
 }
 
 // Named barrier 1 among `count` of the block's threads (bar.sync 1, count):
-// the others (a loader warp) never join it.
+// the others (a loader warpgroup) never join it.
 inline void named_barrier(unsigned count) {
   BlockState& b = g_launch->blocks[self().block];
-  unsigned gen = b.named_generation;
-  if (++b.named_arrived == count) {
-    b.named_arrived = 0;
-    ++b.named_generation;
-    return;
-  }
-  while (b.named_generation == gen) yield();
+  meet(b.named_arrived, b.named_generation, count);
 }
 
 inline WarpState& my_warp() { return g_launch->blocks[self().block].warps[self().thread / 32]; }
@@ -168,13 +168,7 @@ inline unsigned lane_id() { return self().thread % 32; }
 // All 32 lanes of the warp meet here (the two halves of a collective).
 inline void warp_barrier() {
   WarpState& w = my_warp();
-  unsigned gen = w.generation;
-  if (++w.arrived == 32) {
-    w.arrived = 0;
-    ++w.generation;
-    return;
-  }
-  while (w.generation == gen) yield();
+  meet(w.arrived, w.generation, 32);
 }
 
 // Deposits `bytes` of this lane's data and returns, after every lane did
