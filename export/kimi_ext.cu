@@ -46,14 +46,11 @@ std::string plan_launch(LaunchPlan* plan) {
   // The launch table and sizes come from the included kernel at compile
   // time: kernels that declare their tables `extern "C" __device__ T x = ...`
   // get no host shadow in a host+device translation unit, so the symbols
-  // cannot be read here. These mirror the megakernel template's own table.
+  // cannot be read here: the megakernel keeps its entries as constants
+  // for this (mk::kStepLaunch, mk::kScratchBytes).
   const int abi = KT_ABI_VERSION, launches = 1;
-  plan->launch = KtLaunch{0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}};
-#if KT_FEED >= 1
-  plan->scratch_bytes = (long long)(mk::kRepackOffset + mk::kRepackBytes);  // and the repacked weights
-#else
-  plan->scratch_bytes = (long long)sizeof(mk::Scratch);
-#endif
+  plan->launch = mk::kStepLaunch;
+  plan->scratch_bytes = mk::kScratchBytes;
   const int config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
                                         KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
   for (int i = 0; i < KT_CONFIG_FIELDS; ++i) plan->config[i] = config[i];
@@ -94,8 +91,8 @@ cudaError_t launch_step(const LaunchPlan& plan, const KimiDeviceArgs& args, cuda
 
 // The prepare table's launch (variants whose `feed` reads repacked weights:
 // ktune_k1 repacks every GEMV matrix into the scratch), once after the
-// scratch is zeroed and the weights are bound; it mirrors the template's
-// ktune_prepare entry (4 blocks of 256 threads per SM). Nothing for others.
+// scratch is zeroed and the weights are bound: the template's entry
+// (mk::kPrepareLaunch, n blocks per SM). Nothing for others.
 cudaError_t launch_prepare(const KimiDeviceArgs& args, cudaStream_t stream) {
 #if KT_FEED >= 1
   int device = 0, sms = 0;
@@ -106,7 +103,9 @@ cudaError_t launch_prepare(const KimiDeviceArgs& args, cudaStream_t stream) {
   KimiDeviceArgs a = args;
   KtLaunchArgs la{};
   void* params[] = {&a, &la};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(ktune_k1), dim3(4 * sms), dim3(256), params, 0, stream);
+  const KtLaunch& l = mk::kPrepareLaunch;
+  return cudaLaunchKernel(reinterpret_cast<const void*>(ktune_k1), dim3(-l.grid * sms), dim3(l.block), params,
+                          size_t(l.smem), stream);
 #else
   (void)args;
   (void)stream;

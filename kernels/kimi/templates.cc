@@ -47,8 +47,8 @@ KnobSpace cuda_mega_space() {
        "GEMV work items after a block's first: round-robin by block index, or taken from a per-phase "
        "atomic counter, so blocks whose loads return sooner take more items"},
       {"stages", "KT_STAGES", {0, 2, 4, 6, 8, 12, 16, 20}, 12,
-       "0: each warp loads its weights into registers; n: a block-wide n-deep cp.async ring through shared "
-       "memory, one quantization group (8.5 KB) per stage, one block barrier per stage"},
+       "0: each warp loads its weights into registers; n: a block-wide n-deep ring through shared memory, one "
+       "quantization group (8.5 KB) per stage, filled as knob feed says"},
       {"early", "KT_EARLY", {0, 1}, 1,
        "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
       {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream", "loader"}, "loader",
@@ -57,9 +57,10 @@ KnobSpace cuda_mega_space() {
        "copy on the copy engine, completion and release on mbarriers) from a copy of the weights repacked "
        "once per load (the prepare table) into stages with the nibbles laid out for the mma, each item's "
        "stages issued from its start (bulk), the block's next item's streaming behind the current one's "
-       "(next), and also the next GEMV phase's first item's behind a phase's last (stream); or a ninth warp, "
-       "the loader, that never waits at a grid barrier, walks the block's stages of every GEMV phase of the "
-       "step in order and keeps the ring full across the barriers (loader)"},
+       "(next), and also the next GEMV phase's first item's behind a phase's last (stream); or a fourth "
+       "warpgroup whose first warp, the loader, never waits at a grid barrier, walks the block's stages of every "
+       "GEMV phase of the step in order and keeps the ring full across the barriers, its registers lent to the "
+       "other warps (loader)"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -115,8 +116,8 @@ KnobSpace cuda_mega_space() {
       return false;
     }
     // The loader warp walks the blocks' items as the static schedule deals
-    // them, and it never joins cooperative groups' grid sync (which takes
-    // every thread of the block).
+    // them, and its warpgroup never joins cooperative groups' grid sync
+    // (which takes every thread of the block).
     if (p["feed"].get<std::string>() == "loader" &&
         (p["sched"].get<std::string>() != "static" || p["barrier"].get<std::string>() == "coop")) {
       *why = "feed loader needs sched static and a barrier other than coop";

@@ -112,8 +112,10 @@ static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
-static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1), "feed bulk, next, stream or loader: stages > 0, dequant mma");
-static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1), "feed loader: static schedule, no cooperative-groups barrier");
+static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
+              "feed bulk, next, stream or loader: stages > 0, dequant mma");
+static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
+              "feed loader: static schedule, no cooperative-groups barrier");
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -2275,16 +2277,17 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 
 #if KT_FEED == 4
 // ---- the loader warp (KT_FEED 4) ------------------------------------------------------
-// A ninth warp walks the block's stages of every GEMV phase of the step in
-// the order the consumers take them (each phase's ItemMap dealt round-robin,
-// each item's groups in order) and bulk-copies each into the ring's next
-// slot once its consumers have released it (feed_raw). It never waits at a
-// grid barrier, so while the consumers wait there the ring fills with the
-// next phase's first stages, and no item starts from an empty ring (the
-// GEMV engine's v11 design). It waits only where the weights are not yet
-// named or the ring's memory is lent: the routed experts' tiles until this
-// block has selected the layer's experts, and an M layer's wuv phase until
-// the attention (whose row tiles use the same memory) is done.
+// The first warp of a fourth warpgroup walks the block's stages of every GEMV
+// phase of the step in the order the consumers take them (each phase's
+// ItemMap dealt round-robin, each item's groups in order) and bulk-copies
+// each into the ring's next slot once its consumers have released it
+// (feed_raw). It never waits at a grid barrier, so while the consumers wait
+// there the ring fills with the next phase's first stages, and no item starts
+// from an empty ring (the GEMV engine's v11 design). It waits only where the
+// weights are not yet named or the ring's memory is lent: the routed experts'
+// tiles until this block has selected the layer's experts, and an M layer's
+// wuv phase until the attention (whose row tiles use the same memory) is
+// done.
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, int layer) {
   const ItemMap map(p);
@@ -2322,7 +2325,7 @@ KT_DEV void attention_done(Ctx& c) {
 #if KT_FEED == 4
   kt_fence_proxy_async();  // this thread's accesses to the tiles before the loader's bulk copies
   kt_block_sync();
-  if (c.tid == 0) signal_loader(c, &c.sm->attentions, c.sm->attentions + 1);
+  signal_loader(c, &c.sm->attentions, c.sm->attentions + 1);
 #else
   (void)c;
 #endif
@@ -2412,7 +2415,10 @@ KT_DEV bool repack_job(const KimiDeviceArgs& a, int l, int m, RepackJob* j) {
 
 // ktune_k1, the prepare table's one launch: every stage of every matrix,
 // one block per stage.
-extern "C" __global__ void __launch_bounds__(256) ktune_k1(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
+namespace mk {
+constexpr int kPrepareThreads = 256, kPrepareBlocksPerSm = 4;
+}
+extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
   using namespace mk;
   uint8_t* out = a.scratch + kRepackOffset;
   for (int l = 0; l < KT_LAYERS; ++l)
@@ -2428,6 +2434,18 @@ extern "C" __global__ void __launch_bounds__(256) ktune_k1(const __grid_constant
 }
 #endif
 
+namespace mk {
+// The tables' entries and the scratch size, as constants: the ABI globals
+// below and the PyTorch wrapper (export/kimi_ext.cu, which cannot read
+// those globals from the host) both take them from here.
+constexpr long long kScratchBytes =
+    KT_FEED >= 1 ? (long long)(kRepackOffset + kRepackBytes) : (long long)sizeof(Scratch);  // and the repacked copy
+constexpr KtLaunch kStepLaunch = {0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(Smem)), 1, {{0, 0, 0, 0}}};
+#if KT_FEED >= 1
+constexpr KtLaunch kPrepareLaunch = {1, -kPrepareBlocksPerSm, kPrepareThreads, 0, 0, {{0, 0, 0, 0}}};
+#endif
+}  // namespace mk
+
 // The ABI globals (abi.h). An extern "C" block, not `extern "C" T x = v;`:
 // compiled for host and device together (a torch extension), the latter
 // form leaves the host shadow of x undefined.
@@ -2435,15 +2453,13 @@ extern "C" {
 __device__ int ktune_abi_version = KT_ABI_VERSION;
 __device__ int ktune_config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
                                                  KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
+__device__ long long ktune_scratch_bytes = mk::kScratchBytes;
 #if KT_FEED >= 1
-__device__ long long ktune_scratch_bytes = (long long)(mk::kRepackOffset + mk::kRepackBytes);
 __device__ int ktune_num_prepare = 1;
-__device__ KtLaunch ktune_prepare[1] = {{1, -4, 256, 0, 0, {{0, 0, 0, 0}}}};
-#else
-__device__ long long ktune_scratch_bytes = sizeof(mk::Scratch);
+__device__ KtLaunch ktune_prepare[1] = {mk::kPrepareLaunch};
 #endif
 __device__ int ktune_num_launches = 1;
-__device__ KtLaunch ktune_launches[1] = {{0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(mk::Smem)), 1, {{0, 0, 0, 0}}}};
+__device__ KtLaunch ktune_launches[1] = {mk::kStepLaunch};
 }
 
 extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
