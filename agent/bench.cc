@@ -308,6 +308,9 @@ int run_bench(const BenchOptions& o) {
         std::fprintf(stderr, "ktune bench: knob set %zu: %s\n", k, err.c_str());
         return 1;
       }
+      for (const std::string& inert : mega->space.inert_moved(mega->space.complete(knob_sets[k])))
+        std::printf("note: knob set %zu: %s changes nothing at this point (measured at its default)\n", k,
+                    inert.c_str());
       rows.push_back(mk);
     }
   }

@@ -14,7 +14,9 @@ json Variant::to_event() const {
 
 bool render_variant(const kimi::KimiConfig& cfg, const BackendSpec& spec, const variants::Template& t,
                     const json& knobs, const std::string& body, Variant* out, std::string* err) {
-  json point = t.space.complete(knobs);
+  // Knobs that change nothing at this point are set to their defaults: the
+  // same kernel is then the same variant.
+  json point = t.space.canonical(t.space.complete(knobs));
   std::string why;
   if (!t.space.knobs.empty() && !t.space.valid(point, &why)) {
     *err = "invalid knobs: " + why;

@@ -3,7 +3,8 @@
 // at every value of every knob (and the register path's own knobs), the
 // baseline, and the test variants. CI has
 // no GPU; this is how it knows the GPU code builds. Also: the knob settings
-// the space refuses before anything is built.
+// the space refuses before anything is built, and the knobs it treats as
+// inert (checked against the compiler's PTX).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "base/fs.h"
 #include "kernels/kimi/templates.h"
 #include "sandbox/build_cache.h"
+#include "variants/templates.h"
 
 using namespace ktune;
 
@@ -63,6 +65,103 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"barrier", "coop"}}).find("coop") != std::string::npos);
 }
 
+TEST_CASE("knobs that change nothing at a point are the same variant as their defaults") {
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  REQUIRE(mega);
+  const variants::KnobSpace& space = mega->space;
+  // Under the defaults (the loader feeds a shared-memory ring), the register
+  // path's loop knobs and `early` change nothing; on the register path they do.
+  const json loader = space.complete(json::object());
+  json moved = loader;
+  moved["unroll"] = 4;
+  moved["scales"] = "smem";
+  moved["early"] = 0;
+  CHECK(space.canonical(moved) == loader);
+  CHECK(space.inert_moved(moved) == std::vector<std::string>{"unroll", "scales", "early"});
+  const json registers = space.complete({{"stages", 0}, {"feed", "cp_async"}});
+  json reg_moved = registers;
+  reg_moved["unroll"] = 4;
+  reg_moved["scales"] = "smem";
+  CHECK(space.canonical(reg_moved) == reg_moved);  // active there
+  reg_moved["early"] = 0;                          // no ring: early is inert
+  CHECK(space.canonical(reg_moved)["early"] == 1);
+  CHECK(space.canonical(reg_moved)["unroll"] == 4);
+  // attn_rows only shapes the mma attention's tiles.
+  json fma = space.complete({{"attn", "fma"}, {"attn_rows", 16}});
+  CHECK(space.canonical(fma)["attn_rows"] == 32);
+  CHECK(space.canonical(space.complete({{"attn_rows", 16}}))["attn_rows"] == 16);
+  // Canonical is a fixed point, and an invalid point comes back unchanged.
+  CHECK(space.canonical(space.canonical(moved)) == space.canonical(moved));
+  const json bad = space.complete({{"stages", 0}});  // the loader without a ring: refused
+  CHECK(space.canonical(bad) == bad);
+  // The session's variant id: one id for the inert moves, another for an active one.
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("full", &cfg, &err));
+  agent::BackendSpec spec;
+  spec.name = "cuda";
+  agent::Variant a, b, c;
+  REQUIRE(agent::render_variant(cfg, spec, *mega, {}, "", &a, &err));
+  REQUIRE(agent::render_variant(cfg, spec, *mega, {{"unroll", 4}, {"early", 0}}, "", &b, &err));
+  REQUIRE(agent::render_variant(cfg, spec, *mega, {{"stages", 8}}, "", &c, &err));
+  CHECK(a.id == b.id);
+  CHECK(b.knobs["unroll"] == 2);
+  CHECK(a.id != c.id);
+}
+
+TEST_CASE("knobs declared inert at a point leave the compiled kernel unchanged there (nvcc -ptx)") {
+  agent::BackendSpec spec;
+  kimi::KimiConfig cfg;
+  std::string err;
+  if (!cuda_full_size(&spec, &cfg)) return;
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  const variants::KnobSpace& space = mega->space;
+  const sandbox::BuildRequest cubin = spec.build_request("");
+  const std::string nvcc = cubin.command.empty() ? "" : cubin.command[0];
+  if (nvcc.size() < 4 || nvcc.compare(nvcc.size() - 4, 4, "nvcc") != 0) {
+    MESSAGE("SKIPPED (the build command is not nvcc: KTUNE_CUDA_LINK?)");
+    return;
+  }
+  // The source with the knobs' macros exactly as given (render_variant
+  // would canonicalize them first), compiled to PTX: one text per kernel.
+  sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  auto ptx_of = [&](const json& point) {
+    auto defines = kimi::config_defines(cfg);
+    for (auto& [k, v] : variants::knob_defines(space, point)) defines[k] = v;
+    std::string src, text;
+    REQUIRE(variants::render_source(defines, *variants::embedded_file(mega->file), &src, &err));
+    sandbox::BuildRequest r = cubin;
+    r.source = src;
+    r.artifact_name = "variant.ptx";
+    r.command = {nvcc, "-arch=sm_90a", "-O3", "-ptx", "-o", "{out}", "{src}"};
+    const sandbox::BuildResult b = cache.build(r);
+    INFO(point.dump() << "\n" << b.log.substr(0, 2000));
+    REQUIRE(b.ok);
+    REQUIRE(read_file(b.artifact, &text, &err));
+    return text;
+  };
+  int compared = 0;
+  for (const json& base : {json::object(), json{{"attn", "fma"}}, json{{"stages", 0}, {"feed", "cp_async"}}}) {
+    const json p = space.complete(base);
+    std::string why;
+    REQUIRE_MESSAGE(space.valid(p, &why), why);
+    const std::string expected = ptx_of(p);
+    for (const variants::Knob& k : space.knobs) {
+      if (!k.active || k.active(p)) continue;
+      for (const json& v : k.values) {
+        json q = p;
+        q[k.name] = v;
+        if (v == p[k.name] || !space.valid(q, &why)) continue;
+        INFO("at " << base.dump() << ": " << k.name << " = " << v.dump());
+        CHECK(ptx_of(q) == expected);
+        ++compared;
+      }
+    }
+  }
+  MESSAGE(compared << " inert knob settings compiled to the same PTX as their points' defaults");
+  CHECK(compared >= 9);  // the defaults' unroll x3, pipeline, scales x2, gemv_code x2, early
+}
+
 TEST_CASE("all CUDA kernels compile for sm_90a") {
   agent::BackendSpec spec;
   kimi::KimiConfig cfg;
@@ -79,6 +178,7 @@ TEST_CASE("all CUDA kernels compile for sm_90a") {
       if (v != k.default_value) points.push_back({{k.name, v}});
   const json registers = {{"stages", 0}, {"feed", "cp_async"}};
   points.push_back(registers);
+  points.push_back({{"feed", "cp_async"}, {"early", 0}});  // the ring without the loader: early is live
   for (const variants::Knob& k : mega->space.knobs) {
     if (k.name != "unroll" && k.name != "pipeline" && k.name != "scales" && k.name != "gemv_code" &&
         k.name != "load_hint" && k.name != "dequant")

@@ -21,6 +21,33 @@ json KnobSpace::complete(const json& point) const {
   return out;
 }
 
+json KnobSpace::canonical(const json& point) const {
+  if (!point.is_object()) return point;
+  json out = point;
+  // An inert knob set to its default can make another knob active or
+  // inert, so repeat until nothing moves (at most once per knob).
+  for (size_t round = 0; round <= knobs.size(); ++round) {
+    bool moved = false;
+    for (const Knob& k : knobs)
+      if (k.active && out.contains(k.name) && out[k.name] != k.default_value && !k.active(out)) {
+        out[k.name] = k.default_value;
+        moved = true;
+      }
+    if (!moved) break;
+  }
+  std::string why;
+  return valid(out, &why) ? out : point;
+}
+
+std::vector<std::string> KnobSpace::inert_moved(const json& point) const {
+  std::vector<std::string> out;
+  const json c = canonical(point);
+  for (const Knob& k : knobs)
+    if (point.is_object() && point.contains(k.name) && c.contains(k.name) && point[k.name] != c[k.name])
+      out.push_back(k.name);
+  return out;
+}
+
 bool KnobSpace::valid(const json& point, std::string* why) const {
   if (!point.is_object()) {
     *why = "knobs must be a JSON object";

@@ -19,6 +19,10 @@ struct Knob {
                              // as their position in this list, so `#if KT_X == 1` works
   json default_value;
   std::string help;          // what the lever does, for users and the LLM designer
+  // Whether the knob changes the kernel at a point (empty: everywhere). At a
+  // point where it does not, the knob is inert (e.g. the register path's
+  // loop knobs once the weights go through shared memory).
+  std::function<bool(const json& point)> active = nullptr;
 };
 
 struct KnobSpace {
@@ -33,6 +37,13 @@ struct KnobSpace {
   bool valid(const json& point, std::string* why) const;
   // Fills missing knobs with their defaults (no validation).
   json complete(const json& point) const;
+  // The point with every inert knob at its default, so points that differ
+  // only in knobs that change nothing are one variant (one id, one build,
+  // one measurement). A point the constraint would then refuse comes back
+  // as it was.
+  json canonical(const json& point) const;
+  // The knobs inert at a point that are not at their defaults there.
+  std::vector<std::string> inert_moved(const json& point) const;
   // The number of points before constraints.
   double size() const;
   json describe() const;  // [{name, values, default, help}] for prompts and `ktune show`

@@ -21,7 +21,8 @@ KnobSpace cuda_mega_space() {
        "per launch (one atomic per block per barrier)"},
       {"dequant", "KT_DEQUANT", {"fma", "mma"}, "mma",
        "int4 dequant feeding fp32 FMAs, or bf16 tensor-core mma (m16n8k16)"},
-      {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 2, "16-row chunks of 16-byte weight loads in flight per warp"},
+      {"unroll", "KT_UNROLL", {1, 2, 4, 8}, 2,
+       "register path (stages 0): 16-row chunks of 16-byte weight loads in flight per warp"},
       {"load_hint", "KT_LOAD_HINT", {"plain", "stream"}, "stream",
        "weight loads: plain (L1-cached), or streaming past L1 with an evict-first L2 policy"},
       {"prefetch", "KT_PREFETCH", {0, 1}, 0,
@@ -36,7 +37,7 @@ KnobSpace cuda_mega_space() {
       {"pipeline", "KT_PIPELINE", {0, 1}, 1,
        "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
       {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "ahead",
-       "GEMV scales and zeros: loaded by each warp when its group changes (and waited for), copied for the "
+       "register path (stages 0): GEMV scales and zeros loaded by each warp when its group changes (and waited for), copied for the "
        "whole work item into shared memory (cp.async) while the first weights load, or loaded one group "
        "ahead into registers (the first with the first weights)"},
       {"waves", "KT_WAVES", {1, 2, 4}, 1, "GEMV work items per block per phase (k-splits grow with it)"},
@@ -50,7 +51,7 @@ KnobSpace cuda_mega_space() {
        "0: each warp loads its weights into registers; n: a block-wide n-deep ring through shared memory, one "
        "quantization group (8.5 KB) per stage, filled as knob feed says"},
       {"early", "KT_EARLY", {0, 1}, 1,
-       "with stages: start streaming the next phase's weights into shared memory before waiting at the barrier"},
+       "with stages and a feed other than loader: start streaming the next phase's weights into shared memory before waiting at the barrier"},
       {"feed", "KT_FEED", {"cp_async", "bulk", "next", "stream", "loader"}, "loader",
        "with stages: how a stage reaches shared memory: every thread copies 16-byte pieces of the weights as "
        "stored (cp.async, a block barrier per stage); or one thread copies the stage in one piece (a bulk "
@@ -84,6 +85,19 @@ KnobSpace cuda_mega_space() {
        "last bits, vary) and the next phase's input staging adds the residual"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
+  // Where a knob changes nothing (the kernel's preprocessor never reads its
+  // macro there), it is inert: the session then treats the point as the one
+  // with that knob at its default. Checked against the compiler: the test
+  // "knobs declared inert ..." builds each such point both ways and
+  // compares the PTX.
+  auto when = [&](const char* name, std::function<bool(const json&)> active) {
+    for (Knob& k : s.knobs)
+      if (k.name == name) k.active = std::move(active);
+  };
+  auto register_path = [](const json& p) { return p["stages"].get<int>() == 0; };
+  for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
+  when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
+  when("attn_rows", [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
     // memory together (the runner's occupancy check refused 2 x 384 and 2 x

@@ -37,7 +37,10 @@
 //       into a shared-memory ring by bulk copies, running ahead across the
 //       barriers; consumer warps compute the stages already there
 //   v11 v10 with a lean consumer: Q chunks of a stage per warp, no division
-//       in the loop, warp-private tile sums (no shared float atomics)
+//       in the loop, warp-private tile sums (no shared float atomics);
+//       MODE 6 times the consumers alone (no copies, waits or grid
+//       barriers), DEQ 1-8 probe which part of a chunk's arithmetic bounds
+//       them (wgmma instead of mma.sync among them; not checked)
 //
 // What it showed on the H200 (RESULTS.md, 2026-11-30, runs 17-21, 27 and
 // 31-37): for one q,k,v,g-sized phase (20 MB) v1 takes ~18 us against 10
@@ -63,15 +66,21 @@
 //   shared memory, and the consumers are bound by issue (16 warps no
 //   faster than 8). v10 was 2.4x slower: shared-memory float atomics
 //   compile to contended compare-and-swap loops.
+// - v11 MODE 6 (runs 129-132, 2026-12-01): the consumers alone take 80 us
+//   for the 16 phases at 8, 12 or 16 warps; ncu puts the ALU pipe (shift,
+//   LOP3) and the FMA-heavy pipe (bf16 subtract, multiply) at 43-51% of
+//   their half-rate peaks each, issue at 54-61%. Without any dequant
+//   arithmetic: 66 us; wgmma instead of mma.sync: 90 us (slower).
 //
 // Build and run (sm_90; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
-//   nvcc -arch=sm_90 -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
 // then run it with no arguments for every version, or with name prefixes
 // ("v9" "v7 U2"; "v11 Q2" for the sequences) for those only
 // (scripts/device_pack.sh carries it).
 // Weights use the spec's layout ([K/2, N] bytes, scales and zeros
 // [K/128, N] bf16); x is bf16, y is fp32 (one partial per k-split).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -369,7 +378,13 @@ __device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb,
 // so a[r] = ((word >> 4r) & 0x000f000f) | bias: 7 integer instructions per
 // word instead of 9. UMULHI: the shifts as __umulhi by a power of two (an
 // IMAD.HI, issued by the FMA pipe), to unload the integer pipe further.
-template <bool UMULHI>
+// DEQ (timing probes of v11 MODE 6, not checked: which part of the
+// arithmetic bounds the compute alone): 0 the exact dequant (HADD2 + HMUL2,
+// bf16); 1 the multiply alone; 2 one HFMA2 in place of both; 3 no
+// arithmetic (the nibble pairs straight into the mma); 4 the same two
+// operations in fp16; 7 the exact dequant without the mma (the registers
+// folded by XOR instead); 8 neither.
+template <bool UMULHI, int DEQ = 0>
 __device__ __forceinline__ void chunk_mma_frag(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
                                                const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
                                                float (&acc)[8][4]) {
@@ -383,9 +398,83 @@ __device__ __forceinline__ void chunk_mma_frag(const uint4& wa, const uint4& wb,
     for (int r = 0; r < 4; ++r) {
       const uint32_t sh = r == 0 ? w : UMULHI ? __umulhi(w, 1u << (32 - 4 * r)) : w >> (4 * r);
       const uint32_t pair = (sh & 0x000f000fu) | bias;
-      a[r] = (r & 1) ? kt_dequant_half<1>(pair, zr[j], sr[j]) : kt_dequant_half<0>(pair, zr[j], sr[j]);
+      if (DEQ == 0 || DEQ == 7) {
+        a[r] = (r & 1) ? kt_dequant_half<1>(pair, zr[j], sr[j]) : kt_dequant_half<0>(pair, zr[j], sr[j]);
+      } else if (DEQ == 1) {
+        a[r] = kt_hmul2(pair, sr[j]);
+      } else if (DEQ == 2) {
+        __nv_bfloat162 r2 = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&pair),
+                                    *reinterpret_cast<const __nv_bfloat162*>(&sr[j]),
+                                    *reinterpret_cast<const __nv_bfloat162*>(&zr[j]));
+        a[r] = *reinterpret_cast<uint32_t*>(&r2);
+      } else if (DEQ == 4) {
+        __half2 r2 = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&pair), *reinterpret_cast<const __half2*>(&zr[j])),
+                             *reinterpret_cast<const __half2*>(&sr[j]));
+        a[r] = *reinterpret_cast<uint32_t*>(&r2);
+      } else {  // 3, 8
+        a[r] = pair;
+      }
     }
-    kt_mma_bf16(acc[j], a, b);
+    if (DEQ == 7 || DEQ == 8)
+      acc[j][0] = __uint_as_float(__float_as_uint(acc[j][0]) ^ a[0] ^ a[1] ^ a[2] ^ a[3] ^ b[j & 1]);
+    else
+      kt_mma_bf16(acc[j], a, b);
+  }
+}
+
+// DEQ 5 and 6 (v11 MODE 6 only, timing probes): a warpgroup's stage by
+// wgmma instead of mma.sync. The 4 warps of a group each give 16 rows
+// (output columns) of a m64n8k16 A from registers; B (x, k-major, 8-k core
+// matrices 32 bytes apart so that rows 2-7 overlap the next block: only
+// columns 0-1 are read back) comes from shared memory by descriptor. A lane
+// dequantizes 16 words a stage (4 registers each, one wgmma each), as many
+// as mma.sync's Q 2. DEQ 5: no arithmetic (the nibble pairs as they are);
+// 6: the exact dequant.
+__device__ __forceinline__ uint64_t wgmma_desc_x(uint32_t saddr) {
+  return uint64_t((saddr & 0x3ffff) >> 4) | (uint64_t(32 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int DEQ>
+__device__ __forceinline__ void stage_wgmma_probe(const unsigned char* st, int wi, uint32_t bias, uint32_t xs_s, int lc0,
+                                                  float (&d)[2][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  uint4 w4[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) w4[q] = *reinterpret_cast<const uint4*>(st + wi * 2048 + q * 512 + lane * 16);
+  const uint2 sv = *reinterpret_cast<const uint2*>(st + 8192 + 16 * g);
+  const uint2 zv = *reinterpret_cast<const uint2*>(st + 8192 + 256 + 16 * g);
+  const uint32_t sr[2] = {sv.x, sv.y}, zr[2] = {zv.x, zv.y};
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    uint32_t a[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = word_of(w4[(2 * c + h) / 4], (2 * c + h) % 4);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t pair = ((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias;
+        a[h][r] = DEQ == 5 ? pair
+                  : (r & 1) ? kt_dequant_half<1>(pair, zr[h], sr[h])
+                            : kt_dequant_half<0>(pair, zr[h], sr[h]);
+      }
+    }
+    wgmma_fence();
+    const uint64_t desc = wgmma_desc_x(xs_s + uint32_t(lc0 + c) * 64);
+    wgmma_m64n8k16(d[0], a[0], desc);
+    wgmma_m64n8k16(d[1], a[1], desc);
+    wgmma_commit();
+    wgmma_wait<1>();
   }
 }
 
@@ -1003,7 +1092,7 @@ __device__ __forceinline__ void mbar_arrive_s(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-template <int NS, int CW, int Q, int MODE = 0>
+template <int NS, int CW, int Q, int MODE = 0, int DEQ = 0>
 __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_constant__ Sequence q) {
   static_assert(8 % Q == 0 && CW % (8 / Q) == 0, "Q divides a stage's 8 chunks; whole warp groups");
   constexpr int WPS = 8 / Q, NG = CW / WPS, CT = CW * 32;
@@ -1012,8 +1101,10 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
   // back, x staged as before: what the barriers cost). MODE 4: the stream
   // alone without grid barriers (the copies' own rate); MODE 5: the same
   // with each stage copied in PIECES bulk copies (whether a copy's fixed
-  // cost bounds the rate).
-  constexpr bool NOCOMP = MODE == 1 || MODE == 4 || MODE == 5, NOLOAD = MODE == 2, NOGRID = MODE == 3 || MODE >= 4;
+  // cost bounds the rate). MODE 6: the compute alone without grid barriers
+  // (the consumers' own rate, for comparing warp counts and Q).
+  constexpr bool NOCOMP = MODE == 1 || MODE == 4 || MODE == 5, NOLOAD = MODE == 2 || MODE == 6,
+                 NOGRID = MODE == 3 || MODE >= 4;
   constexpr int PIECES = MODE == 5 ? 4 : 1;
   static_assert(NG < NS, "ring");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1056,6 +1147,7 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
     while (s < s1) {
       const int tile = s / groups, tile_end = min(s1, (tile + 1) * groups);
       float acc[8][4] = {};
+      float wacc[2][4] = {};
       for (; s < tile_end; s += NG) {
         if (!NOLOAD) mbar_wait_s(full_s + 8 * slot, parity);
         if (!NOCOMP) {
@@ -1072,8 +1164,12 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
             wa[c] = *reinterpret_cast<const uint4*>(st + (wi * Q + c) * 1024 + lane * 16);
             wb[c] = *reinterpret_cast<const uint4*>(st + (wi * Q + c) * 1024 + 512 + lane * 16);
           }
+          if constexpr (DEQ == 5 || DEQ == 6) {
+            stage_wgmma_probe<DEQ>(st, wi, bias, smem_addr(xs), s - tile * groups, wacc);
+          } else {
 #pragma unroll
-          for (int c = 0; c < Q; ++c) chunk_mma_frag<false>(wa[c], wb[c], sr, zr, bias, xs, lc0 + c, acc);
+            for (int c = 0; c < Q; ++c) chunk_mma_frag<false, DEQ>(wa[c], wb[c], sr, zr, bias, xs, lc0 + c, acc);
+          }
         }
         __syncwarp();
         if (lane == 0 && !NOLOAD) mbar_arrive_s(empty_s + 8 * slot);
@@ -1082,6 +1178,11 @@ __global__ void __launch_bounds__(CW * 32 + 32, 1) v11_sequence(const __grid_con
           slot -= NS;
           parity ^= 1;
         }
+      }
+      if constexpr (DEQ == 5 || DEQ == 6) {
+        wgmma_wait<0>();
+        acc[0][0] += wacc[0][0] + wacc[0][1] + wacc[0][2] + wacc[0][3];
+        acc[1][0] += wacc[1][0] + wacc[1][1] + wacc[1][2] + wacc[1][3];
       }
       if (!NOCOMP && t == 0) {
         // The warp's own row: no atomics (v10's shared-memory float atomics
@@ -1456,7 +1557,28 @@ int main(int argc, char** argv) {
                              {"v11 Q4, 8 consumers, no grid barriers", v11_sequence<20, 8, 4, 3>, 20, 8, true, 8},
                              {"v11 Q2, stream alone, no grid barriers", v11_sequence<20, 8, 2, 4>, 20, 8, false, 8},
                              {"v11 Q2, stream alone in 4 pieces a stage, no grid barriers", v11_sequence<20, 8, 2, 5>, 20, 8, false, 8},
-                             {"v11 Q2, 8 consumers, no grid barriers", v11_sequence<20, 8, 2, 3>, 20, 8, true, 8}};
+                             {"v11 Q2, 8 consumers, no grid barriers", v11_sequence<20, 8, 2, 3>, 20, 8, true, 8},
+                             {"v11 Q2, 12 consumers, no grid barriers", v11_sequence<20, 12, 2, 3>, 20, 12, true, 12},
+                             {"v11 Q2, 16 consumers, no grid barriers", v11_sequence<20, 16, 2, 3>, 20, 16, true, 16},
+                             {"v11 pure Q1, 8 consumers", v11_sequence<20, 8, 1, 6>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers", v11_sequence<20, 8, 2, 6>, 20, 8, false, 8},
+                             {"v11 pure Q4, 8 consumers", v11_sequence<20, 8, 4, 6>, 20, 8, false, 8},
+                             {"v11 pure Q8, 8 consumers", v11_sequence<20, 8, 8, 6>, 20, 8, false, 8},
+                             {"v11 pure Q2, 12 consumers", v11_sequence<20, 12, 2, 6>, 20, 12, false, 12},
+                             {"v11 pure Q2, 16 consumers", v11_sequence<20, 16, 2, 6>, 20, 16, false, 16},
+                             {"v11 pure Q4, 16 consumers", v11_sequence<20, 16, 4, 6>, 20, 16, false, 16},
+                             {"v11 pure Q1, 16 consumers", v11_sequence<20, 16, 1, 6>, 20, 16, false, 16},
+                             {"v11 pure Q2, 8 consumers, probe: multiply only", v11_sequence<20, 8, 2, 6, 1>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: one HFMA2", v11_sequence<20, 8, 2, 6, 2>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: no arithmetic", v11_sequence<20, 8, 2, 6, 3>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: fp16", v11_sequence<20, 8, 2, 6, 4>, 20, 8, false, 8},
+                             {"v11 pure Q2, 16 consumers, probe: one HFMA2", v11_sequence<20, 16, 2, 6, 2>, 20, 16, false, 16},
+                             {"v11 pure Q2, 16 consumers, probe: no arithmetic", v11_sequence<20, 16, 2, 6, 3>, 20, 16, false, 16},
+                             {"v11 pure Q2, 8 consumers, probe: wgmma, no arithmetic", v11_sequence<20, 8, 2, 6, 5>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: wgmma", v11_sequence<20, 8, 2, 6, 6>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: no mma", v11_sequence<20, 8, 2, 6, 7>, 20, 8, false, 8},
+                             {"v11 pure Q2, 8 consumers, probe: no mma, no arithmetic", v11_sequence<20, 8, 2, 6, 8>, 20, 8, false, 8},
+                             {"v11 pure Q2, 16 consumers, probe: wgmma", v11_sequence<20, 16, 2, 6, 6>, 20, 16, false, 16}};
     struct Run {
       const char* name;
       int first, count;
