@@ -90,10 +90,12 @@ TEST_CASE("knobs that change nothing at a point are the same variant as their de
   json fma = space.complete({{"attn", "fma"}, {"attn_rows", 16}});
   CHECK(space.canonical(fma)["attn_rows"] == 32);
   CHECK(space.canonical(space.complete({{"attn_rows", 16}}))["attn_rows"] == 16);
-  // Canonical is a fixed point, and an invalid point comes back unchanged.
+  // Canonical is a fixed point; an invalid or incomplete point comes back unchanged.
   CHECK(space.canonical(space.canonical(moved)) == space.canonical(moved));
   const json bad = space.complete({{"stages", 0}});  // the loader without a ring: refused
   CHECK(space.canonical(bad) == bad);
+  const json partial = {{"unroll", 4}};
+  CHECK(space.canonical(partial) == partial);
   // The session's variant id: one id for the inert moves, another for an active one.
   kimi::KimiConfig cfg;
   std::string err;

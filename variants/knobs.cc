@@ -23,6 +23,8 @@ json KnobSpace::complete(const json& point) const {
 
 json KnobSpace::canonical(const json& point) const {
   if (!point.is_object()) return point;
+  for (const Knob& k : knobs)
+    if (!point.contains(k.name)) return point;  // the predicates read complete points
   json out = point;
   // An inert knob set to its default can make another knob active or
   // inert, so repeat until nothing moves (at most once per knob).

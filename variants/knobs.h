@@ -37,10 +37,10 @@ struct KnobSpace {
   bool valid(const json& point, std::string* why) const;
   // Fills missing knobs with their defaults (no validation).
   json complete(const json& point) const;
-  // The point with every inert knob at its default, so points that differ
-  // only in knobs that change nothing are one variant (one id, one build,
-  // one measurement). A point the constraint would then refuse comes back
-  // as it was.
+  // The point (complete: see complete()) with every inert knob at its
+  // default, so points that differ only in knobs that change nothing are
+  // one variant (one id, one build, one measurement). An incomplete point,
+  // or one the constraint would then refuse, comes back as it was.
   json canonical(const json& point) const;
   // The knobs inert at a point that are not at their defaults there.
   std::vector<std::string> inert_moved(const json& point) const;

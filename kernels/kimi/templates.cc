@@ -85,8 +85,8 @@ KnobSpace cuda_mega_space() {
        "last bits, vary) and the next phase's input staging adds the residual"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
-  // Where a knob changes nothing (the kernel's preprocessor never reads its
-  // macro there), it is inert: the session then treats the point as the one
+  // Where a knob changes nothing (its macro does not reach the compiled
+  // code there), it is inert: the session then treats the point as the one
   // with that knob at its default. Checked against the compiler: the test
   // "knobs declared inert ..." builds each such point both ways and
   // compares the PTX.
