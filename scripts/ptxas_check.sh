@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles the CUDA megakernel for sm_90 at the full config with the given
+# Compiles the CUDA megakernel for sm_90a at the full config with the given
 # knob defines (on top of the defaults) and prints ptxas's registers, spills
 # and shared memory: a quick check, without a GPU, that a knob setting fits.
 # Usage: scripts/ptxas_check.sh [KT_NAME=value ...]   e.g. KT_PIPELINE=1 KT_THREADS=512

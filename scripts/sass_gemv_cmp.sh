@@ -13,7 +13,7 @@ for defs in "$@"; do
   # shellcheck disable=SC2086
   CUBIN_OUT=/tmp/k$i.cubin scripts/ptxas_check.sh $defs > "$OUT/sass/ptxas$i.txt" 2>&1
   case "${NVCC_EXTRA:-}" in
-    *rdc*) nvlink -arch=sm_90 -o /tmp/k$i.linked.cubin /tmp/k$i.cubin && mv /tmp/k$i.linked.cubin /tmp/k$i.cubin ;;
+    *rdc*) nvlink -arch=sm_90a -o /tmp/k$i.linked.cubin /tmp/k$i.cubin && mv /tmp/k$i.linked.cubin /tmp/k$i.cubin ;;
   esac
   cuobjdump -sass /tmp/k$i.cubin > "$OUT/sass/k$i.sass"
   echo "$i [$defs]: $(grep -c 'HMMA' "$OUT/sass/k$i.sass") HMMA, $(wc -l < "$OUT/sass/k$i.sass") lines"
