@@ -31,7 +31,7 @@ json KnobSpace::canonical(const json& point) const {
   for (size_t round = 0; round <= knobs.size(); ++round) {
     bool moved = false;
     for (const Knob& k : knobs)
-      if (k.active && out.contains(k.name) && out[k.name] != k.default_value && !k.active(out)) {
+      if (k.active && out[k.name] != k.default_value && !k.active(out)) {
         out[k.name] = k.default_value;
         moved = true;
       }
@@ -44,9 +44,9 @@ json KnobSpace::canonical(const json& point) const {
 std::vector<std::string> KnobSpace::inert_moved(const json& point) const {
   std::vector<std::string> out;
   const json c = canonical(point);
+  if (c == point) return out;  // nothing moved (or not a complete, valid point)
   for (const Knob& k : knobs)
-    if (point.is_object() && point.contains(k.name) && c.contains(k.name) && point[k.name] != c[k.name])
-      out.push_back(k.name);
+    if (point[k.name] != c[k.name]) out.push_back(k.name);
   return out;
 }
 

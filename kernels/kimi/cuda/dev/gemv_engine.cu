@@ -72,7 +72,7 @@
 //   their half-rate peaks each, issue at 54-61%. Without any dequant
 //   arithmetic: 66 us; wgmma instead of mma.sync: 90 us (slower).
 //
-// Build and run (sm_90; on the device machine): CMake builds it as
+// Build and run (sm_90a; on the device machine): CMake builds it as
 // build/gemv_engine where it finds the CUDA toolkit, or by hand
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o /tmp/gemv_engine kernels/kimi/cuda/dev/gemv_engine.cu
 // then run it with no arguments for every version, or with name prefixes
@@ -359,13 +359,19 @@ __device__ __forceinline__ void v5_load(const uint8_t* w, int N, int l, int c1, 
 //   needs 8 HADD2s for its zeros + 128 instead of expanding 32 registers.
 __device__ uint32_t g_bias_pair = 0x43004300u;  // bf16 (128, 128); written nowhere else
 
+// The exact dequant of a nibble pair with the zero and scale of column half
+// `odd` of the words zz2, ss2 (odd is known at compile time once unrolled).
+__device__ __forceinline__ uint32_t dequant_half(uint32_t pair, uint32_t zz2, uint32_t ss2, bool odd) {
+  return odd ? kt_dequant_half<1>(pair, zz2, ss2) : kt_dequant_half<0>(pair, zz2, ss2);
+}
+
 // zr[j] = (128 + z) of the lane's columns 2j, 2j+1; sr[j] their scales.
 __device__ __forceinline__ void chunk_mma_lean(const uint4& wa, const uint4& wb, const uint32_t (&sr)[8],
                                                const uint32_t (&zr)[8], uint32_t bias, const uint32_t* xs, int lc,
                                                float (&acc)[8][4]) {
   chunk_mma_with(wa, wb, xs, lc, acc, [&](uint32_t w, uint32_t ws, int byte, int col) {
     const uint32_t pair = kt_nibble_pair(w, ws, byte, bias), z = zr[col / 2], sc = sr[col / 2];
-    return (col & 1) ? kt_dequant_half<1>(pair, z, sc) : kt_dequant_half<0>(pair, z, sc);
+    return dequant_half(pair, z, sc, col & 1);
   });
 }
 // ---- v9: v7 from a fragment-native layout ------------------------------------------
@@ -399,7 +405,7 @@ __device__ __forceinline__ void chunk_mma_frag(const uint4& wa, const uint4& wb,
       const uint32_t sh = r == 0 ? w : UMULHI ? __umulhi(w, 1u << (32 - 4 * r)) : w >> (4 * r);
       const uint32_t pair = (sh & 0x000f000fu) | bias;
       if (DEQ == 0 || DEQ == 7) {
-        a[r] = (r & 1) ? kt_dequant_half<1>(pair, zr[j], sr[j]) : kt_dequant_half<0>(pair, zr[j], sr[j]);
+        a[r] = dequant_half(pair, zr[j], sr[j], r & 1);
       } else if (DEQ == 1) {
         a[r] = kt_hmul2(pair, sr[j]);
       } else if (DEQ == 2) {
@@ -464,9 +470,7 @@ __device__ __forceinline__ void stage_wgmma_probe(const unsigned char* st, int w
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const uint32_t pair = ((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias;
-        a[h][r] = DEQ == 5 ? pair
-                  : (r & 1) ? kt_dequant_half<1>(pair, zr[h], sr[h])
-                            : kt_dequant_half<0>(pair, zr[h], sr[h]);
+        a[h][r] = DEQ == 5 ? pair : dequant_half(pair, zr[h], sr[h], r & 1);
       }
     }
     wgmma_fence();
