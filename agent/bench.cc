@@ -116,6 +116,19 @@ const char* kPhaseNames[] = {"qkvg / q,kv_a",
                              "  . waiting at the grid barrier",
                              "  . L2 prefetch of the next phase"};
 constexpr int kLastPhase = 13;
+// Points 2-5: the MoE routing's events, which every block records
+// (megakernel.cu, kEvent*); points 6 and 7: block 0's router-row item and
+// its first w_uv item's staging.
+constexpr int kFirstEvent = 2, kLastEvent = 5;
+const char* kEventNames[] = {"  . input staged", "  . router rows published", "  . all logits seen",
+                             "  . experts selected"};
+bool is_event(int point) { return point >= kFirstEvent && point <= kLastEvent; }
+const char* point_name(int point) {
+  if (point == 0) return "  . start, input staging";
+  if (point == 6) return "  . block 0's router rows";
+  if (point == 7) return "  . first item: compute (input staged)";
+  return is_event(point) ? kEventNames[point - kFirstEvent] : kPhaseNames[std::min(point, kLastPhase)];
+}
 
 // Mean time per phase over the profiled steps, per context.
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
@@ -165,7 +178,7 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
     row(lname, kPhaseNames[std::min(ph, kLastPhase)], v);
     if (parts[key].size() > 1)
       for (auto& [point, pv] : parts[key])
-        row("", point == 0 ? "  . start, input staging" : kPhaseNames[std::min(point, kLastPhase)], pv);
+        row("", point_name(point), pv);
     auto& acc = by_phase[ph];
     acc.resize(v.size(), 0.0);
     for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
@@ -186,37 +199,68 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
 // that was last most often. A wide spread with one block always last is a
 // slow item; a wide spread with the last block changing is the memory
 // system's noise, which only smaller or dynamically taken items absorb.
+// The same records hold the MoE routing's events (is_event): when the
+// median, the 90th-percentile and the last block reached each, from block
+// 0's start of the phase.
 void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
-  struct Barrier {
-    int key = 0;
-    double median_wait = 0, spread = 0;
-    std::map<int, int> last;  // block -> steps it was last
+  struct Record {
+    int key = 0, point = 0;
+    double median = 0, spread = 0, p90 = 0, last = 0;  // barrier: waits; event: times since the phase start
+    std::map<int, int> last_block;  // block -> steps it was last
     int runs = 0;
+  };
+  auto layer_name = [&](int key) {
+    const int layer = key / 16;
+    return layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : std::string("-");
+  };
+  auto most_last = [](const Record& r) {
+    return *std::max_element(r.last_block.begin(), r.last_block.end(),
+                             [](const auto& x, const auto& y) { return x.second < y.second; });
   };
   bool any = false;
   for (const json& p : profiles) {
-    std::vector<Barrier> bars;
+    std::vector<Record> recs;
     for (const json& r : p["runs"]) {
       const json& st = r["stamps"];
       const json arr = r.value("arrivals", json::array());
-      std::vector<int> keys;  // block 0's barrier points, in order
+      struct Key {
+        int key, point;
+        double phase_start;
+      };
+      std::vector<Key> keys;  // block 0's barrier and event points, in order
+      std::map<int, double> phase_start;
       for (const json& s : st) {
         const int tag = s[0].get<int>();
-        if (tag >= 1024 && (tag - 1024) % 16 == 12) keys.push_back((tag - 1024) / 16);
+        const double ns = double(s[1].get<uint64_t>());
+        if (tag < 1024) {
+          phase_start[tag] = ns;
+          continue;
+        }
+        const int key = (tag - 1024) / 16, point = (tag - 1024) % 16;
+        if (point == 12 || is_event(point)) keys.push_back({key, point, phase_start[key]});
       }
       for (size_t k = 0; k < arr.size() && k < keys.size(); ++k) {
-        if (bars.size() <= k) bars.resize(k + 1);
-        Barrier& b = bars[k];
-        const double first = double(arr[k][0].get<uint64_t>()), median = double(arr[k][1].get<uint64_t>()),
-                     last = double(arr[k][2].get<uint64_t>());
-        b.key = keys[k];
-        b.median_wait += (last - median) / 1000.0;
-        b.spread += (last - first) / 1000.0;
-        b.last[arr[k][3].get<int>()]++;
+        if (recs.size() <= k) recs.resize(k + 1);
+        Record& b = recs[k];
+        const json& a = arr[k];
+        const double first = double(a[0].get<uint64_t>()), median = double(a[1].get<uint64_t>()),
+                     last = double(a[2].get<uint64_t>()), p90 = a.size() > 4 ? double(a[4].get<uint64_t>()) : last;
+        b.key = keys[k].key;
+        b.point = keys[k].point;
+        if (b.point == 12) {
+          b.median += (last - median) / 1000.0;
+          b.spread += (last - first) / 1000.0;
+        } else {
+          const double t0 = keys[k].phase_start;
+          b.median += (median - t0) / 1000.0;
+          b.p90 += (p90 - t0) / 1000.0;
+          b.last += (last - t0) / 1000.0;
+        }
+        b.last_block[a[3].get<int>()]++;
         b.runs++;
       }
     }
-    if (bars.empty()) continue;
+    if (recs.empty()) continue;
     if (!any)
       std::printf("\nblocks' arrival at each grid barrier (us, mean over profiled steps): how long the median and the\n"
                   "first block waited for the last one, and the block most often last (of how many steps)\n");
@@ -224,18 +268,29 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
     std::printf("context %d\n%-6s %-42s %12s %12s %14s\n", p.value("context", 0), "layer", "phase before the barrier",
                 "median wait", "first wait", "last block");
     double sum_median = 0, sum_spread = 0;
-    for (const Barrier& b : bars) {
-      if (b.runs == 0) continue;
-      const int layer = b.key / 16, ph = b.key % 16;
-      std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
-      auto most = std::max_element(b.last.begin(), b.last.end(),
-                                   [](const auto& x, const auto& y) { return x.second < y.second; });
-      std::printf("%-6s %-42s %12.2f %12.2f %8d (%d/%d)\n", lname.c_str(), kPhaseNames[std::min(ph, kLastPhase)],
-                  b.median_wait / b.runs, b.spread / b.runs, most->first, most->second, b.runs);
-      sum_median += b.median_wait / b.runs;
+    for (const Record& b : recs) {
+      if (b.runs == 0 || b.point != 12) continue;
+      const auto most = most_last(b);
+      std::printf("%-6s %-42s %12.2f %12.2f %8d (%d/%d)\n", layer_name(b.key).c_str(),
+                  kPhaseNames[std::min(b.key % 16, kLastPhase)], b.median / b.runs, b.spread / b.runs, most.first,
+                  most.second, b.runs);
+      sum_median += b.median / b.runs;
       sum_spread += b.spread / b.runs;
     }
     std::printf("%-6s %-42s %12.2f %12.2f\n", "all", "(sum over the barriers)", sum_median, sum_spread);
+    bool events = false;
+    for (const Record& b : recs) {
+      if (b.runs == 0 || b.point == 12) continue;
+      if (!events)
+        std::printf("the MoE routing, every block (us since block 0 started the phase; the blocks that record it)\n"
+                    "%-6s %-42s %12s %12s %12s %14s\n",
+                    "layer", "event", "median", "90%", "last", "last block");
+      events = true;
+      const auto most = most_last(b);
+      std::printf("%-6s %-42s %12.2f %12.2f %12.2f %8d (%d/%d)\n", layer_name(b.key).c_str(),
+                  kEventNames[b.point - kFirstEvent] + 4 /* without the indent */, b.median / b.runs, b.p90 / b.runs, b.last / b.runs,
+                  most.first, most.second, b.runs);
+    }
   }
 }
 

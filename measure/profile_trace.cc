@@ -25,7 +25,8 @@ json barrier_arrivals(const std::vector<uint64_t>& t) {
       if (uint64_t ns = t[KT_TRACE_ARRIVALS + k * KT_TRACE_MAX_BLOCKS + b]) at.push_back({ns, b});
     if (at.empty()) break;
     std::sort(at.begin(), at.end());
-    out.push_back({at.front().first, at[(at.size() - 1) / 2].first, at.back().first, at.back().second});
+    out.push_back({at.front().first, at[(at.size() - 1) / 2].first, at.back().first, at.back().second,
+                   at[(at.size() - 1) * 9 / 10].first});
   }
   return out;
 }

@@ -18,9 +18,11 @@ size_t profile_trace_words();
 // [[tag, ns], ...] in the order block 0 wrote them.
 json trace_stamps(const std::vector<uint64_t>& trace);
 
-// [[first ns, median ns, last ns, last block], ...] per grid barrier, in
-// launch order, up to the first barrier no block stamped. The median is the
-// lower one for an even count.
+// [[first ns, median ns, last ns, last block, 90th percentile ns], ...] per
+// record of the blocks' part of the trace (a grid barrier's arrivals, or an
+// event every block records), in launch order, up to the first record no
+// block wrote. The median and the percentile are the lower ones between
+// two blocks.
 json barrier_arrivals(const std::vector<uint64_t>& trace);
 
 }  // namespace ktune::measure

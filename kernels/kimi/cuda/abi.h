@@ -81,8 +81,10 @@ struct KimiDeviceArgs {
 // The profile trace: block 0 writes up to KT_TRACE_STAMPS (tag, ns) pairs
 // after the count word; from word KT_TRACE_ARRIVALS on, block b's arrival at
 // the k-th grid barrier of the launch is at KT_TRACE_ARRIVALS + k *
-// KT_TRACE_MAX_BLOCKS + b (0: not written). The arrivals show which blocks
-// a phase waits for, which block 0's stamps alone cannot.
+// KT_TRACE_MAX_BLOCKS + b (0: not written), where k counts the barriers and
+// the events every block records (the MoE routing's), in launch order. The
+// arrivals show which blocks a phase waits for, which block 0's stamps alone
+// cannot.
 #define KT_TRACE_STAMPS 511
 #define KT_TRACE_ARRIVALS 1024
 #define KT_TRACE_MAX_BARRIERS 64

@@ -467,8 +467,33 @@ struct KtGridBarrier {
   unsigned target;  // style 2: unused in memory (each block keeps its own), kept for layout
 };
 
+// Style 2 in two halves, so a block can work between its arrival and the
+// grid's: kt_grid_arrive, then kt_grid_wait. The other styles do the whole
+// barrier in kt_grid_arrive.
 template <int style>
-KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr) {
+KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr);
+template <int style>
+KT_DEV void kt_grid_arrive(KtGridBarrier* bar, unsigned* target) {
+  if (style != 2) {
+    kt_grid_sync<style>(bar, target);
+    return;
+  }
+  kt_block_sync();
+  if (threadIdx.x == 0) {
+    *target += gridDim.x;
+    kt_red_release_add(&bar->count, 1u);
+  }
+}
+template <int style>
+KT_DEV void kt_grid_wait(KtGridBarrier* bar, const unsigned* target) {
+  if (style != 2) return;
+  if (threadIdx.x == 0)
+    while (kt_ld_acquire(&bar->count) < *target) __nanosleep(8);
+  kt_block_sync();
+}
+
+template <int style>
+KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target) {
 #ifndef KT_EMULATION
   if (style == 1) {
     cooperative_groups::this_grid().sync();
@@ -476,13 +501,8 @@ KT_DEV void kt_grid_sync(KtGridBarrier* bar, unsigned* target = nullptr) {
   }
 #endif
   if (style == 2) {
-    kt_block_sync();
-    if (threadIdx.x == 0) {
-      *target += gridDim.x;
-      kt_red_release_add(&bar->count, 1u);
-      while (kt_ld_acquire(&bar->count) < *target) __nanosleep(8);
-    }
-    kt_block_sync();
+    kt_grid_arrive<2>(bar, target);
+    kt_grid_wait<2>(bar, target);
     return;
   }
   kt_block_sync();

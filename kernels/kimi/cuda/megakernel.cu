@@ -184,7 +184,9 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 // may take only what the loader warpgroup gives back from the launch's
 // allocation (ptxas's count: kLaunchRegs rounded down to 8). Asking for more
 // waits forever (run 118: 48 and 232 hung; the SM's spare registers do not count).
-constexpr int kLoaderRegs = 40;
+// 64 since the loader ranks the router's logits (loader_route): at 40 that
+// code spilled and took ~3 us a layer (run 146); the consumers keep 216.
+constexpr int kLoaderRegs = 64;
 constexpr int kLaunchAlloc = kLaunchRegs / 8 * 8;
 constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + 128 * (kLaunchAlloc - kLoaderRegs) / THREADS / 8 * 8);
 static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > kLoaderRegs), "loader registers");
@@ -218,7 +220,9 @@ struct alignas(16) Smem {
   float part[2][WARPS][32];
   float cw[kMaxChunks];
   float wden;  // WuvPhase: the combined softmax's denominator
-  float lv[E];
+  alignas(16) float lv[E];
+  float order_v[64];  // rank_experts: the logits in comes_first order, and their experts
+  int order_id[64];
   ktune::kimi::topk_detail::Item items[E];
   uint64_t full[STAGES], empty[STAGES];  // KT_FEED > 0: a stage landed / its warps are done with it (mbarriers)
   size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
@@ -226,8 +230,16 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+  unsigned long long route_at[2];  // profile: when the loader saw the logits and selected the experts
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
+};
+
+// A GEMV phase's item numbering as plain numbers (ItemMap, below, works it
+// out and numbers the items with it). barrier_before works out the next
+// phase's while the grid barrier completes, so the phase starts from it.
+struct ItemPlan {
+  int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
 };
 
 struct Ctx {
@@ -252,17 +264,22 @@ struct Ctx {
   // segments' first stages are in c.sm->next_base: an array here would put
   // the whole context in local memory).
   int next_n = 0, next_g0 = 0, next_seg_groups = 1, next_seg0 = 0;
+  unsigned long long row_at = 0;  // profile: when this block published its router rows this layer (thread 0)
+  ItemPlan plan;         // the numbering of GEMV phase plan_phase (a gemv_phases index), if barrier_before made it
+  int plan_phase = -1;
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
 // layer * 16 + phase, and at points inside it (kPhase* below), tag 1024 +
 // (layer * 16 + phase) * 16 + point (see kPhaseNames in agent/bench.cc).
-// The runner's trace holds 512 stamps.
+// Points 2-5 are the MoE routing's events (stamp_event), which every block
+// records; points 6 and 7 are block 0's router-row item and its first w_uv
+// item's staging. The runner's trace holds 512 stamps.
 constexpr int kPhaseItem = 9, kPhaseItemComputed = 10, kPhaseItemDone = 11, kPhaseBarrier = 12,
               kPhasePrefetch = 13;
-KT_DEV void stamp(Ctx& c, int layer, int phase) {
+KT_DEV void stamp(Ctx& c, int layer, int phase, bool event = false) {
 #if KT_PROFILE
-  const bool point = phase >= kPhaseItem;
+  const bool point = event || phase >= kPhaseItem;
   if (!point) {
     c.layer = layer;
     c.phase = phase;
@@ -278,6 +295,7 @@ KT_DEV void stamp(Ctx& c, int layer, int phase) {
   (void)c;
   (void)layer;
   (void)phase;
+  (void)event;
 #endif
 }
 
@@ -285,24 +303,53 @@ KT_DEV int imin(int a, int b) { return a < b ? a : b; }
 KT_DEV int imax(int a, int b) { return a > b ? a : b; }
 KT_DEV uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// Profile: every block's arrival (its last warp done with the phase).
-KT_DEV void stamp_arrival(Ctx& c) {
+// Profile: every block's time at one record of the trace's per-block part
+// (`at`, or now when 0; a block that passes with nothing to say writes
+// nothing), then the next record.
+KT_DEV void stamp_all_blocks(Ctx& c, unsigned long long at) {
 #if KT_PROFILE
-  kt_block_sync();
   if (c.tid == 0 && c.a.trace && c.barriers < KT_TRACE_MAX_BARRIERS && blockIdx.x < KT_TRACE_MAX_BLOCKS) {
     unsigned long long* t = reinterpret_cast<unsigned long long*>(c.a.trace);
-    t[KT_TRACE_ARRIVALS + c.barriers * KT_TRACE_MAX_BLOCKS + blockIdx.x] = kt_globaltimer();
+    if (at != ~0ull) t[KT_TRACE_ARRIVALS + c.barriers * KT_TRACE_MAX_BLOCKS + blockIdx.x] = at ? at : kt_globaltimer();
   }
   ++c.barriers;
 #else
   (void)c;
+  (void)at;
 #endif
 }
 
-KT_DEV void barrier(Ctx& c) {
+// Profile: every block's arrival (its last warp done with the phase).
+KT_DEV void stamp_arrival(Ctx& c) {
+#if KT_PROFILE
+  kt_block_sync();
+#endif
+  stamp_all_blocks(c, 0);
+}
+
+// Profile: every block's time at an event of the MoE routing (kEvent*,
+// points of the phase like kPhaseBarrier, in the same per-block records as
+// the arrivals); `at` as in stamp_all_blocks (~0: this block has none).
+// Every block passes each event once a layer, so the records stay aligned.
+constexpr int kEventStaged = 2, kEventRowPublished = 3, kEventLogitsSeen = 4, kEventRouted = 5;
+constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
+constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
+KT_DEV void stamp_event(Ctx& c, int event, unsigned long long at = 0) {
+  stamp(c, c.layer, event, true);
+  stamp_all_blocks(c, at);
+}
+
+// A grid barrier in two halves: the block's arrival, then the wait for the
+// others (a block can work in between: barrier_before).
+KT_DEV void barrier_arrive(Ctx& c) {
   stamp(c, c.layer, kPhaseBarrier);
   stamp_arrival(c);
-  kt_grid_sync<KT_BARRIER>(&c.s->bar, &c.target);
+  kt_grid_arrive<KT_BARRIER>(&c.s->bar, &c.target);
+}
+KT_DEV void barrier_wait(Ctx& c) { kt_grid_wait<KT_BARRIER>(&c.s->bar, &c.target); }
+KT_DEV void barrier(Ctx& c) {
+  barrier_arrive(c);
+  barrier_wait(c);
 }
 
 // ---- small block-wide helpers -------------------------------------------------------
@@ -972,7 +1019,12 @@ KT_DEV void feed_raw(Ctx& c, size_t offset) {
 KT_DEV size_t seg_base(const Seg& sg) {
   return kRepackOffset + sg.rp + size_t(sg.n0 / TILE) * size_t(sg.groups) * sizeof(Stage);
 }
-KT_DEV void feed_stage(Ctx& c, const Seg& sg, int group) { feed_raw(c, seg_base(sg) + size_t(group) * sizeof(Stage)); }
+// Where stage g of a tile of phase p (its groups counted across segments) is in scratch.
+template <class P>
+KT_DEV size_t stage_offset(const P& p, int tile, int g) {
+  const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
+  return seg_base(p.seg(tile, g / seg_groups)) + size_t(g % seg_groups) * sizeof(Stage);
+}
 
 // Names the block's item after the current one for the feed: its stages
 // can then stream behind the current item's (gemv_staged).
@@ -999,8 +1051,7 @@ KT_DEV void feed_next_stages(Ctx& c, int q0, int q1) {
 // Stages [q0, q1) of the item whose groups start at g0 (a tile of phase p).
 template <class P>
 KT_DEV void feed_item_stages(Ctx& c, const P& p, int tile, int g0, int q0, int q1) {
-  const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
-  for (int q = q0; q < q1; ++q) feed_stage(c, p.seg(tile, (g0 + q) / seg_groups), (g0 + q) % seg_groups);
+  for (int q = q0; q < q1; ++q) feed_raw(c, stage_offset(p, tile, g0 + q));
 }
 #endif
 
@@ -1355,9 +1406,11 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
 // expert's while the routed experts wait for the router) cut into as many
 // k-splits as fill the first wave, then the other tiles x S k-splits (S
 // from split_for).
-struct ItemMap {
+struct ItemMap : ItemPlan {
   static constexpr int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // chunks per split unit: staged items are whole groups
-  int rows, lead, S_lead, S, nch, items;
+  KT_DEV explicit ItemMap(const ItemPlan& plan) : ItemPlan(plan) {}
+  // The search in split_for costs ~0.5-1.3 us at the start of a phase
+  // (RESULTS, run 145): barrier_before makes it while the grid arrives.
   template <class P>
   KT_DEV explicit ItemMap(const P& p) {
     const int tiles = p.tiles();
@@ -1385,6 +1438,12 @@ struct ItemMap {
     return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0};
   }
 };
+
+// Phase p's numbering: the one barrier_before made for it, if it did.
+template <class P>
+KT_DEV ItemMap phase_map(const Ctx& c, const P& p) {
+  return c.plan_phase == c.gemv_phases ? ItemMap(c.plan) : ItemMap(p);
+}
 
 // Prefetches into L2 the weight rows this block will read in phase p.
 template <class P>
@@ -1443,7 +1502,7 @@ KT_DEV void early_issue(Ctx& c, P& p) {
 template <class P, class NP = P>
 KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
   (void)np;
-  const ItemMap map(p);
+  const ItemMap map = phase_map(c, p);
   if (float* sums = p.carry_sums()) c.carried = sums;
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
   for (int it = blockIdx.x; it < map.items;) {
@@ -1998,6 +2057,7 @@ struct WuvPhase : PhaseDefaults {
       }
     }
     kt_block_sync();
+    if (c.items == 1) stamp(c, c.layer, kPointItemStaged, true);
   }
   // cw[ch] = exp(m_ch - M) for every chunk and wden = sum cw[ch] l_ch, in
   // shared memory (block-wide: every thread calls it once).
@@ -2027,68 +2087,64 @@ struct WuvPhase : PhaseDefaults {
 };
 
 // ---- MoE ---------------------------------------------------------------------------
-// Every block selects the same experts from the logits: warp 0 sorts them
-// (a bitonic sort of 64 keys, two per lane, by value and then index), the
-// first n_active are the experts. Only when equal logits straddle the top-k
-// boundary does the set depend on the tie order: then the exact order of
-// PyTorch's CPU top-k decides (topk.h), as in the oracle.
+// Every block selects the same experts from the logits (rank_experts, by
+// value and then index); only when equal logits straddle the top-k boundary
+// does the set depend on the tie order: then the exact order of PyTorch's
+// CPU top-k decides (topk.h), as in the oracle.
 KT_DEV bool comes_first(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
 
-KT_DEV void select_experts(Ctx& c, int layer) {
-  static_assert(E <= 64 && TOPK < 32, "the expert sort holds 64 keys in one warp");
-  if (c.warp == 0) {
-    float v[2];
-    int id[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      id[r] = c.lane + 32 * r;
-      v[r] = id[r] < E ? kt_bf2f(kt_ld_cg(&c.s->logits[id[r]])) : -INFINITY;
-    }
-    for (int k = 2; k <= 64; k <<= 1)
-      for (int j = k >> 1; j >= 1; j >>= 1) {
-        if (j == 32) {  // partners in one lane: element lane (lower) and lane + 32
-          if (!comes_first(v[0], id[0], v[1], id[1])) {
-            const float tv = v[0];
-            v[0] = v[1];
-            v[1] = tv;
-            const int ti = id[0];
-            id[0] = id[1];
-            id[1] = ti;
-          }
-          continue;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float pv = __shfl_xor_sync(0xffffffffu, v[r], j);
-          const int pi = __shfl_xor_sync(0xffffffffu, id[r], j);
-          const int i = c.lane + 32 * r;
-          const bool lower = (i & j) == 0, ordered = (i & k) == 0;
-          const bool mine_first = comes_first(v[r], id[r], pv, pi);
-          if ((lower == ordered) != mine_first) {
-            v[r] = pv;
-            id[r] = pi;
-          }
-        }
-      }
-    const float pmax = __shfl_sync(0xffffffffu, v[0], 0);
-    const float total = kt_warp_sum(expf(v[0] - pmax) + expf(v[1] - pmax));
-    const float last_in = __shfl_sync(0xffffffffu, v[0], TOPK - 1), first_out = __shfl_sync(0xffffffffu, v[0], TOPK);
-    if (c.lane < TOPK) c.sm->topk[c.lane] = id[0];
-    if (c.lane < E) c.sm->lv[c.lane] = kt_bf2f(kt_ld_cg(&c.s->logits[c.lane]));
-    if (c.lane + 32 < E) c.sm->lv[c.lane + 32] = kt_bf2f(kt_ld_cg(&c.s->logits[c.lane + 32]));
-    __syncwarp();
-    if (last_in == first_out && TOPK < E && c.lane == 0)
-      ktune::kimi::torch_topk(c.sm->lv, E, TOPK, c.sm->topk, c.sm->items);
-    __syncwarp();
-    float wsum = 0;
-    for (int j = 0; j < TOPK; ++j) wsum += expf(c.sm->lv[c.sm->topk[j]] - pmax) / total;
-    if (c.lane < TOPK) {
-      const float p = expf(c.sm->lv[c.sm->topk[c.lane]] - pmax) / total;
-      c.sm->topw[c.lane] = p / (wsum + 1e-9f) * float(KT_SCALING);
-      if (blockIdx.x == 0 && c.a.topk_out) c.a.topk_out[layer * TOPK + c.lane] = c.sm->topk[c.lane];
-    }
+// The layer's experts from the router's logits, by one warp (every block
+// selects them itself, identically): sm->topk, in slot order. The logits'
+// order (comes_first: by value, then by index) comes from ranks: each lane
+// counts the logits in shared memory that come before each of its two,
+// independent compares where a bitonic sort took 21 dependent rounds of
+// shuffles (~1 us of every block's routing; RESULTS, run 145). When the
+// k-th and the next logit tie, PyTorch's top-k decides (topk.h). Call after
+// an acquire of the logits.
+KT_DEV void rank_experts(const Ctx& c) {
+  static_assert(E <= 64 && TOPK < 32, "the ranks: 64 keys, two a lane");
+  Smem* sm = c.sm;
+  const int lane = c.lane;
+  if (lane < E) sm->lv[lane] = kt_bf2f(kt_ld_cg(&c.s->logits[lane]));
+  if (lane + 32 < E) sm->lv[lane + 32] = kt_bf2f(kt_ld_cg(&c.s->logits[lane + 32]));
+  __syncwarp();
+  // Keys past E are -inf, placed after the logits in index order.
+  const float v0 = lane < E ? sm->lv[lane] : -INFINITY, v1 = lane + 32 < E ? sm->lv[lane + 32] : -INFINITY;
+  int r0 = 0, r1 = 0;
+#pragma unroll 16
+  for (int j = 0; j < 64; ++j) {
+    const float u = j < E ? sm->lv[j] : -INFINITY;
+    r0 += comes_first(u, j, v0, lane);
+    r1 += comes_first(u, j, v1, lane + 32);
   }
-  kt_block_sync();
+  sm->order_v[r0] = v0;
+  sm->order_id[r0] = lane;
+  sm->order_v[r1] = v1;
+  sm->order_id[r1] = lane + 32;
+  __syncwarp();
+  if (lane < TOPK) sm->topk[lane] = sm->order_id[lane];
+  __syncwarp();
+  if (sm->order_v[TOPK - 1] == sm->order_v[TOPK] && TOPK < E && lane == 0)
+    ktune::kimi::torch_topk(sm->lv, E, TOPK, sm->topk, sm->items);
+  __syncwarp();
+}
+
+// The selected experts' routing weights (sm->topw), by one warp, after
+// rank_experts: softmax over all logits, renormalized over the top k.
+KT_DEV void weigh_experts(const Ctx& c, int layer) {
+  Smem* sm = c.sm;
+  const int lane = c.lane;
+  const float pmax = sm->order_v[0];
+  const float total = kt_warp_sum(expf(sm->order_v[lane] - pmax) + expf(sm->order_v[lane + 32] - pmax));
+  // The weights' sum in slot order, as if every lane added them one by one.
+  const float p = lane < TOPK ? expf(sm->lv[sm->topk[lane]] - pmax) / total : 0.0f;
+  float wsum = 0;
+  for (int j = 0; j < TOPK; ++j) wsum += __shfl_sync(0xffffffffu, p, j);
+  if (lane < TOPK) {
+    sm->topw[lane] = p / (wsum + 1e-9f) * float(KT_SCALING);
+    if (blockIdx.x == 0 && c.a.topk_out) c.a.topk_out[layer * TOPK + lane] = sm->topk[lane];
+  }
+  __syncwarp();
 }
 
 // The MoE's first half in one phase: the router logits (row items, done
@@ -2116,6 +2172,7 @@ struct MoeAPhase : PhaseDefaults {
   const int* topk = nullptr;
   KT_DEV int row_items() const { return (E + WARPS - 1) / WARPS; }
   KT_DEV void row_item(Ctx& c, int item) {
+    stamp(c, c.layer, kPointRowStart, true);
     const int e = item * WARPS + c.warp;
     if (e < E) {
       const float v = row_dot(c, L.router + size_t(e) * D);
@@ -2123,17 +2180,34 @@ struct MoeAPhase : PhaseDefaults {
     }
     kt_block_sync();
     publish(c, &c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
+    if (KT_PROFILE && c.tid == 0) c.row_at = kt_globaltimer();
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
     if (tile >= SHARED_TILES) route(c);
   }
-  // Waits for the router logits, then selects this layer's experts (once).
+  // Waits for the router logits, then selects this layer's experts (once);
+  // with the loader warp (KT_FEED 4), waits for its selection (loader_route).
   KT_DEV void route(Ctx& c) {
     if (c.routed) return;
+    stamp_event(c, kEventRowPublished, c.row_at ? c.row_at : ~0ull);
+    c.row_at = 0;
+#if KT_FEED == 4
+    if (c.tid == 0) loader_wait(&c.sm->routed_layers, unsigned(layer + 1));
+    kt_block_sync();
+    stamp_event(c, kEventLogitsSeen, c.sm->route_at[0]);
+    stamp_event(c, kEventRouted, c.sm->route_at[1]);
+    if (c.warp == 0) weigh_experts(c, layer);  // while the loader's first routed stages land
+#else
     wait_for(c, &c.s->router_done[layer], unsigned(E));
-    select_experts(c, layer);
+    stamp_event(c, kEventLogitsSeen);
+    if (c.warp == 0) {
+      rank_experts(c);
+      weigh_experts(c, layer);
+    }
+    stamp_event(c, kEventRouted);
+#endif
+    kt_block_sync();
     c.routed = true;
-    signal_loader(c, &c.sm->routed_layers, unsigned(layer + 1));
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
     int slot, up;
@@ -2209,13 +2283,17 @@ struct DownPhase : PhaseDefaults {
 };
 
 // Before phase p: start what p can load without the barrier's data (L2
-// prefetch, the first shared-memory stages), then wait for the grid.
+// prefetch, the first shared-memory stages), then wait for the grid, making
+// p's item numbering between the block's arrival and the grid's.
 template <class P>
 KT_DEV void barrier_before(Ctx& c, P& p) {
   if (KT_PREFETCH) stamp(c, c.layer, kPhasePrefetch);
   prefetch_phase(c, p);
   early_issue(c, p);
-  barrier(c);
+  barrier_arrive(c);
+  c.plan = ItemMap(p);
+  c.plan_phase = c.gemv_phases;  // p is the next run_gemv_phase
+  barrier_wait(c);
 }
 
 // o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
@@ -2251,6 +2329,7 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next, layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
   stamp(c, layer, 5);
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
+  stamp_event(c, kEventStaged);
   c.routed = false;
   run_gemv_phase_before(c, moe_a, down);
   moe_a.route(c);  // every block needs the routing for the down phase
@@ -2285,16 +2364,42 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 // there the ring fills with the next phase's first stages, and no item starts
 // from an empty ring (the GEMV engine's v11 design). It waits only where the
 // weights are not yet named or the ring's memory is lent: the routed experts'
-// tiles until this block has selected the layer's experts, and an M layer's
-// wuv phase until the attention (whose row tiles use the same memory) is
-// done.
+// tiles until the router's logits are in (it then selects the experts
+// itself: loader_route), and an M layer's wuv phase until the attention
+// (whose row tiles use the same memory) is done.
+// after: what all of the phase's stages wait for (made after the
+// numbering, whose search is then off that wait's path): the block's
+// routing (kAfterRouting: the down phase reads every routed expert), or the
+// attention's end (kAfterAttention: the ring's memory is lent to it).
+// The loader selects the layer's experts itself, as soon as the router's
+// logits are in: the consumers may still be busy with the phase's first
+// items (the shared expert's), and the routed stages then stream behind
+// them (RESULTS, run 146). It tells the consumers by routed_layers.
+KT_DEV void loader_route(Ctx& c, int layer) {
+  if (*reinterpret_cast<volatile unsigned*>(&c.sm->routed_layers) >= unsigned(layer + 1)) return;
+  if (c.lane == 0)
+    while (kt_ld_acquire(&c.s->router_done[layer]) < unsigned(E)) __nanosleep(32);
+  __syncwarp();
+  if (KT_PROFILE && c.lane == 0) c.sm->route_at[0] = kt_globaltimer();
+  rank_experts(c);  // the consumers weigh them
+  if (c.lane == 0) {
+    if (KT_PROFILE) c.sm->route_at[1] = kt_globaltimer();
+    __threadfence_block();
+    *reinterpret_cast<volatile unsigned*>(&c.sm->routed_layers) = unsigned(layer + 1);
+  }
+  __syncwarp();
+}
+
+enum LoadAfter { kAfterNothing, kAfterRouting, kAfterAttention };
 template <class P>
-KT_DEV void load_phase(Ctx& c, const P& p, int layer) {
+KT_DEV void load_phase(Ctx& c, const P& p, int layer, LoadAfter after = kAfterNothing, unsigned attentions = 0) {
   const ItemMap map(p);
+  if (after == kAfterRouting) loader_route(c, layer);
+  if (after == kAfterAttention) loader_wait(&c.sm->attentions, attentions);
   for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
-    if (!p.static_weights(item.tile)) loader_wait(&c.sm->routed_layers, unsigned(layer + 1));
+    if (!p.static_weights(item.tile)) loader_route(c, layer);
     feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
   }
 }
@@ -2307,14 +2412,12 @@ KT_DEV void loader_main(Ctx& c) {
       load_phase(c, make_oproj(c, layer, Ly.kda.o, C, nullptr), layer);
     } else {
       load_phase(c, Mla1Phase{{layer_repack(layer)}, Ly.mla, c.a.context}, layer);
-      loader_wait(&c.sm->attentions, ++m_layers);
-      load_phase(c, WuvPhase{{layer_repack(layer)}, Ly.mla, 0}, layer);
+      load_phase(c, WuvPhase{{layer_repack(layer)}, Ly.mla, 0}, layer, kAfterAttention, ++m_layers);
       load_phase(c, make_oproj(c, layer, Ly.mla.o, MO, nullptr), layer);
     }
     load_phase(c, MoeAPhase{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk}, layer);
-    loader_wait(&c.sm->routed_layers, unsigned(layer + 1));  // down reads every routed expert
     load_phase(c, DownPhase{{moe_layer_repack(layer)}, Ly.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr},
-               layer);
+               layer, kAfterRouting);
   }
 }
 #endif
