@@ -117,8 +117,8 @@ const char* kPhaseNames[] = {"qkvg / q,kv_a",
                              "  . L2 prefetch of the next phase"};
 constexpr int kLastPhase = 13;
 // Points 2-5: the MoE routing's events, which every block records
-// (megakernel.cu, kEvent*); points 6 and 7: block 0's router-row item and
-// its first w_uv item's staging.
+// (megakernel.cu, kEvent*); points 6-8: block 0's router-row item and its
+// first w_uv item's staging.
 constexpr int kFirstEvent = 2, kLastEvent = 5;
 const char* kEventNames[] = {"  . input staged", "  . router rows published", "  . all logits seen",
                              "  . experts selected"};
@@ -127,6 +127,7 @@ const char* point_name(int point) {
   if (point == 0) return "  . start, input staging";
   if (point == 6) return "  . block 0's router rows";
   if (point == 7) return "  . first item: compute (input staged)";
+  if (point == 8) return "  . first item: combine (chunk weights done)";
   return is_event(point) ? kEventNames[point - kFirstEvent] : kPhaseNames[std::min(point, kLastPhase)];
 }
 

@@ -339,6 +339,17 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   kt_emu::warp_release();
   return bits;
 }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  auto slots = kt_emu::warp_gather(&v, sizeof v);
+  unsigned most = 0;
+  for (int i = 0; i < 32; ++i) {
+    unsigned x;
+    memcpy(&x, slots[i], sizeof x);
+    most = x > most ? x : most;
+  }
+  kt_emu::warp_release();
+  return most;
+}
 inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, pred) == 0xffffffffu; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }

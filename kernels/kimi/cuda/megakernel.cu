@@ -221,8 +221,7 @@ struct alignas(16) Smem {
   float cw[kMaxChunks];
   float wden;  // WuvPhase: the combined softmax's denominator
   alignas(16) float lv[E];
-  float order_v[64];  // rank_experts: the logits in comes_first order, and their experts
-  int order_id[64];
+  float order_v[TOPK + 1];  // rank_experts: the largest logits, in rank order
   ktune::kimi::topk_detail::Item items[E];
   uint64_t full[STAGES], empty[STAGES];  // KT_FEED > 0: a stage landed / its warps are done with it (mbarriers)
   size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
@@ -273,7 +272,7 @@ struct Ctx {
 // layer * 16 + phase, and at points inside it (kPhase* below), tag 1024 +
 // (layer * 16 + phase) * 16 + point (see kPhaseNames in agent/bench.cc).
 // Points 2-5 are the MoE routing's events (stamp_event), which every block
-// records; points 6 and 7 are block 0's router-row item and its first w_uv
+// records; points 6-8 are block 0's router-row item and its first w_uv
 // item's staging. The runner's trace holds 512 stamps.
 constexpr int kPhaseItem = 9, kPhaseItemComputed = 10, kPhaseItemDone = 11, kPhaseBarrier = 12,
               kPhasePrefetch = 13;
@@ -334,6 +333,7 @@ KT_DEV void stamp_arrival(Ctx& c) {
 constexpr int kEventStaged = 2, kEventRowPublished = 3, kEventLogitsSeen = 4, kEventRouted = 5;
 constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
 constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
+constexpr int kPointChunksWeighed = 8;  // and the chunks' softmax weights, before
 KT_DEV void stamp_event(Ctx& c, int event, unsigned long long at = 0) {
   stamp(c, c.layer, event, true);
   stamp_all_blocks(c, at);
@@ -2032,7 +2032,10 @@ struct WuvPhase : PhaseDefaults {
                      ? kt_ld_cg(reinterpret_cast<const float4*>(&c.s->attn_acc[size_t(ch * MH + h) * R + d0]))
                      : float4{0, 0, 0, 0};
       }
-      if (trip == 0) weigh_chunks(c, h);  // while the loads are out
+      if (trip == 0) {
+        weigh_chunks(c, h);  // while the loads are out
+        if (c.items == 1) stamp(c, c.layer, kPointChunksWeighed, true);
+      }
       float4 v = {0, 0, 0, 0};
 #pragma unroll
       for (int i = 0; i < kWuvLoads; ++i) {
@@ -2091,40 +2094,48 @@ struct WuvPhase : PhaseDefaults {
 // value and then index); only when equal logits straddle the top-k boundary
 // does the set depend on the tie order: then the exact order of PyTorch's
 // CPU top-k decides (topk.h), as in the oracle.
-KT_DEV bool comes_first(float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); }
+
+// An expert's key for rank_experts: its bf16 logit's bits made
+// unsigned-orderable (-0 as +0, as the float compare has it), then the
+// inverted index, so a larger key comes first: the larger logit, and of
+// equal ones the lower expert.
+KT_DEV unsigned expert_key(float v, int e) {
+  unsigned b = __float_as_uint(v) >> 16;
+  if ((b & 0x7fffu) == 0) b = 0;
+  b = (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+  return b << 16 | unsigned(63 - e);
+}
 
 // The layer's experts from the router's logits, by one warp (every block
-// selects them itself, identically): sm->topk, in slot order. The logits'
-// order (comes_first: by value, then by index) comes from ranks: each lane
-// counts the logits in shared memory that come before each of its two,
-// independent compares where a bitonic sort took 21 dependent rounds of
-// shuffles (~1 us of every block's routing; RESULTS, run 145). When the
-// k-th and the next logit tie, PyTorch's top-k decides (topk.h). Call after
-// an acquire of the logits.
+// selects them itself, identically): sm->topk, in slot order, and the
+// first TOPK + 1 logits in that order (sm->order_v). Each lane holds two
+// keys (expert_key); TOPK + 1 rounds of a warp-wide max (redux) take the
+// largest out. A bitonic sort of all 64 took 21 dependent rounds of
+// shuffles, and ranks by 64 compares a lane ~1 us in one warp (RESULTS,
+// runs 145-149). When the k-th and the next logit tie, PyTorch's top-k
+// decides (topk.h). Call after an acquire of the logits.
 KT_DEV void rank_experts(const Ctx& c) {
-  static_assert(E <= 64 && TOPK < 32, "the ranks: 64 keys, two a lane");
+  static_assert(E <= 64 && TOPK < 32 && TOPK < E, "two keys a lane, a rank a lane");
   Smem* sm = c.sm;
   const int lane = c.lane;
-  if (lane < E) sm->lv[lane] = kt_bf2f(kt_ld_cg(&c.s->logits[lane]));
-  if (lane + 32 < E) sm->lv[lane + 32] = kt_bf2f(kt_ld_cg(&c.s->logits[lane + 32]));
-  __syncwarp();
-  // Keys past E are -inf, placed after the logits in index order.
-  const float v0 = lane < E ? sm->lv[lane] : -INFINITY, v1 = lane + 32 < E ? sm->lv[lane + 32] : -INFINITY;
-  int r0 = 0, r1 = 0;
-#pragma unroll 16
-  for (int j = 0; j < 64; ++j) {
-    const float u = j < E ? sm->lv[j] : -INFINITY;
-    r0 += comes_first(u, j, v0, lane);
-    r1 += comes_first(u, j, v1, lane + 32);
+  const float v0 = lane < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane])) : 0.0f;
+  const float v1 = lane + 32 < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane + 32])) : 0.0f;
+  if (lane < E) sm->lv[lane] = v0;
+  if (lane + 32 < E) sm->lv[lane + 32] = v1;
+  unsigned k0 = lane < E ? expert_key(v0, lane) : 0u, k1 = lane + 32 < E ? expert_key(v1, lane + 32) : 0u;
+  int mine = 0;  // lane r <= TOPK: the expert of rank r
+#pragma unroll
+  for (int r = 0; r <= TOPK; ++r) {
+    const unsigned most = __reduce_max_sync(0xffffffffu, k0 > k1 ? k0 : k1);
+    if (lane == r) mine = 63 - int(most & 0xffffu);
+    k0 = k0 == most ? 0u : k0;
+    k1 = k1 == most ? 0u : k1;
   }
-  sm->order_v[r0] = v0;
-  sm->order_id[r0] = lane;
-  sm->order_v[r1] = v1;
-  sm->order_id[r1] = lane + 32;
   __syncwarp();
-  if (lane < TOPK) sm->topk[lane] = sm->order_id[lane];
+  if (lane <= TOPK) sm->order_v[lane] = sm->lv[mine];
+  if (lane < TOPK) sm->topk[lane] = mine;
   __syncwarp();
-  if (sm->order_v[TOPK - 1] == sm->order_v[TOPK] && TOPK < E && lane == 0)
+  if (sm->order_v[TOPK - 1] == sm->order_v[TOPK] && lane == 0)
     ktune::kimi::torch_topk(sm->lv, E, TOPK, sm->topk, sm->items);
   __syncwarp();
 }
@@ -2135,7 +2146,8 @@ KT_DEV void weigh_experts(const Ctx& c, int layer) {
   Smem* sm = c.sm;
   const int lane = c.lane;
   const float pmax = sm->order_v[0];
-  const float total = kt_warp_sum(expf(sm->order_v[lane] - pmax) + expf(sm->order_v[lane + 32] - pmax));
+  const float total = kt_warp_sum((lane < E ? expf(sm->lv[lane] - pmax) : 0.0f) +
+                                  (lane + 32 < E ? expf(sm->lv[lane + 32] - pmax) : 0.0f));
   // The weights' sum in slot order, as if every lane added them one by one.
   const float p = lane < TOPK ? expf(sm->lv[sm->topk[lane]] - pmax) / total : 0.0f;
   float wsum = 0;
