@@ -126,8 +126,8 @@ bool is_event(int point) { return point >= kFirstEvent && point <= kLastEvent; }
 const char* point_name(int point) {
   if (point == 0) return "  . start, input staging";
   if (point == 6) return "  . block 0's router rows";
-  if (point == 7) return "  . first item: compute (input staged)";
-  if (point == 8) return "  . first item: combine (chunk weights done)";
+  if (point == 7) return "  . first item: input staged";
+  if (point == 8) return "  . first item: chunk weights done";
   return is_event(point) ? kEventNames[point - kFirstEvent] : kPhaseNames[std::min(point, kLastPhase)];
 }
 
@@ -135,6 +135,7 @@ const char* point_name(int point) {
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   std::printf("\nper-phase time (us, mean over profiled steps; phase start to next phase start):\n");
   std::map<int, std::vector<double>> per_tag;  // tag -> mean us per context
+  std::map<int, std::vector<int>> point_order;  // layer * 16 + phase -> its points in the order block 0 stamped them
   std::vector<double> totals;
   for (const json& p : profiles) {
     std::map<int, double> sum;
@@ -143,6 +144,12 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
       const json& st = r["stamps"];
       for (size_t i = 0; i + 1 < st.size(); ++i)
         sum[st[i][0].get<int>()] += double(st[i + 1][1].get<uint64_t>() - st[i][1].get<uint64_t>()) / 1000.0;
+      for (const json& s : st) {
+        const int tag = s[0].get<int>(), key = tag >= 1024 ? (tag - 1024) / 16 : tag;
+        const int point = tag >= 1024 ? (tag - 1024) % 16 : 0;
+        std::vector<int>& order = point_order[key];
+        if (std::find(order.begin(), order.end(), point) == order.end()) order.push_back(point);
+      }
       ++runs;
     }
     double total = 0;
@@ -154,7 +161,8 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
     totals.push_back(total);
   }
   // A phase's row is its whole time; below it, when it stamped points, the
-  // part up to the first point and each point's part.
+  // part up to the first point and each point's part, in the order they
+  // happened.
   std::map<int, std::vector<double>> phase_total;          // layer * 16 + phase -> us per context
   std::map<int, std::map<int, std::vector<double>>> parts;  // same key -> point -> us per context
   for (auto& [tag, v] : per_tag) {
@@ -178,8 +186,8 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
     std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
     row(lname, kPhaseNames[std::min(ph, kLastPhase)], v);
     if (parts[key].size() > 1)
-      for (auto& [point, pv] : parts[key])
-        row("", point_name(point), pv);
+      for (int point : point_order[key])
+        if (parts[key].count(point)) row("", point_name(point), parts[key][point]);
     auto& acc = by_phase[ph];
     acc.resize(v.size(), 0.0);
     for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
