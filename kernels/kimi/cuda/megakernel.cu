@@ -12,7 +12,8 @@
 //            [wuv]   combine partials, o = W_UV o_lat
 //            [oproj] o_proj + residual
 //   MoE:     [route] router logits and the shared expert's gate/up
-//            [gate]  top-k (every block, identically), routed experts' gate/up
+//            [gate]  top-k (every block, identically; with the loader warp, by it),
+//                    routed experts' gate/up
 //            [down]  all experts' down projections summed + residual
 //
 // W4A16 GEMV work item: 128 output columns x a range of k. A warp handles a
