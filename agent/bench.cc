@@ -131,6 +131,11 @@ const char* point_name(int point) {
   return is_event(point) ? kEventNames[point - kFirstEvent] : kPhaseNames[std::min(point, kLastPhase)];
 }
 
+// "0 K", "3 M": a layer and its attention; "-" past the last layer (the end).
+std::string layer_label(const kimi::KimiConfig& cfg, int layer) {
+  return layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : std::string("-");
+}
+
 // Mean time per phase over the profiled steps, per context.
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   std::printf("\nper-phase time (us, mean over profiled steps; phase start to next phase start):\n");
@@ -182,9 +187,8 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   };
   std::map<int, std::vector<double>> by_phase;
   for (auto& [key, v] : phase_total) {
-    int layer = key / 16, ph = key % 16;
-    std::string lname = layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : "-";
-    row(lname, kPhaseNames[std::min(ph, kLastPhase)], v);
+    const int ph = key % 16;
+    row(layer_label(cfg, key / 16), kPhaseNames[std::min(ph, kLastPhase)], v);
     if (parts[key].size() > 1)
       for (int point : point_order[key])
         if (parts[key].count(point)) row("", point_name(point), parts[key][point]);
@@ -217,10 +221,6 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
     double median = 0, spread = 0, p90 = 0, last = 0;  // barrier: waits; event: times since the phase start
     std::map<int, int> last_block;  // block -> steps it was last
     int runs = 0;
-  };
-  auto layer_name = [&](int key) {
-    const int layer = key / 16;
-    return layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : std::string("-");
   };
   auto most_last = [](const Record& r) {
     return *std::max_element(r.last_block.begin(), r.last_block.end(),
@@ -280,7 +280,7 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
     for (const Record& b : recs) {
       if (b.runs == 0 || b.point != 12) continue;
       const auto most = most_last(b);
-      std::printf("%-6s %-42s %12.2f %12.2f %8d (%d/%d)\n", layer_name(b.key).c_str(),
+      std::printf("%-6s %-42s %12.2f %12.2f %8d (%d/%d)\n", layer_label(cfg, b.key / 16).c_str(),
                   kPhaseNames[std::min(b.key % 16, kLastPhase)], b.median / b.runs, b.spread / b.runs, most.first,
                   most.second, b.runs);
       sum_median += b.median / b.runs;
@@ -296,7 +296,7 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
                     "layer", "event", "median", "90%", "last", "last block");
       events = true;
       const auto most = most_last(b);
-      std::printf("%-6s %-42s %12.2f %12.2f %12.2f %8d (%d/%d)\n", layer_name(b.key).c_str(),
+      std::printf("%-6s %-42s %12.2f %12.2f %12.2f %8d (%d/%d)\n", layer_label(cfg, b.key / 16).c_str(),
                   kEventNames[b.point - kFirstEvent] + 4 /* without the indent */, b.median / b.runs, b.p90 / b.runs, b.last / b.runs,
                   most.first, most.second, b.runs);
     }

@@ -334,7 +334,7 @@ KT_DEV void stamp_arrival(Ctx& c) {
 constexpr int kEventStaged = 2, kEventRowPublished = 3, kEventLogitsSeen = 4, kEventRouted = 5;
 constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
 constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
-constexpr int kPointChunksWeighed = 8;  // and the chunks' softmax weights, before
+constexpr int kPointChunksWeighed = 8;  // block 0 only: that item's chunk weights (weigh_chunks)
 KT_DEV void stamp_event(Ctx& c, int event, unsigned long long at = 0) {
   stamp(c, c.layer, event, true);
   stamp_all_blocks(c, at);
@@ -2095,7 +2095,7 @@ struct WuvPhase : PhaseDefaults {
 // value and then index); only when equal logits straddle the top-k boundary
 // does the set depend on the tie order: then the exact order of PyTorch's
 // CPU top-k decides (topk.h), as in the oracle.
-
+//
 // An expert's key for rank_experts: its bf16 logit's bits made
 // unsigned-orderable (-0 as +0, as the float compare has it), then the
 // inverted index, so a larger key comes first: the larger logit, and of
@@ -2380,14 +2380,11 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 // tiles until the router's logits are in (it then selects the experts
 // itself: loader_route), and an M layer's wuv phase until the attention
 // (whose row tiles use the same memory) is done.
-// after: what all of the phase's stages wait for (made after the
-// numbering, whose search is then off that wait's path): the block's
-// routing (kAfterRouting: the down phase reads every routed expert), or the
-// attention's end (kAfterAttention: the ring's memory is lent to it).
+
 // The loader selects the layer's experts itself, as soon as the router's
 // logits are in: the consumers may still be busy with the phase's first
 // items (the shared expert's), and the routed stages then stream behind
-// them (RESULTS, run 146). It tells the consumers by routed_layers.
+// them (RESULTS, runs 147-149). It tells the consumers by routed_layers.
 KT_DEV void loader_route(Ctx& c, int layer) {
   if (*reinterpret_cast<volatile unsigned*>(&c.sm->routed_layers) >= unsigned(layer + 1)) return;
   if (c.lane == 0)
@@ -2403,6 +2400,11 @@ KT_DEV void loader_route(Ctx& c, int layer) {
   __syncwarp();
 }
 
+// One GEMV phase's stages of this block, into the ring in the consumers'
+// order. after: what all of them wait for (made after the numbering, whose
+// search is then off that wait's path): the block's routing (kAfterRouting:
+// the down phase reads every routed expert), or the attention's end
+// (kAfterAttention: the ring's memory is lent to it).
 enum LoadAfter { kAfterNothing, kAfterRouting, kAfterAttention };
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, int layer, LoadAfter after = kAfterNothing, unsigned attentions = 0) {
