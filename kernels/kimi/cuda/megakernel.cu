@@ -1450,7 +1450,7 @@ KT_DEV ItemMap phase_map(const Ctx& c, const P& p) {
 template <class P>
 KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
-  const ItemMap map(p);
+  const ItemMap map = phase_map(c, p);
   for (int it = int(blockIdx.x); it < map.items; it += gridDim.x) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
@@ -1478,7 +1478,7 @@ template <class P>
 KT_DEV void early_issue(Ctx& c, P& p) {
 #if KT_STAGES > 0 && KT_EARLY
   if (KT_FEED == 4) return;  // the loader warp streams them
-  const ItemMap map(p);
+  const ItemMap map = phase_map(c, p);
   const int it = int(blockIdx.x);
   if (it < map.rows || it >= map.items) return;
   const Item item = map.item(it);
@@ -2296,16 +2296,22 @@ struct DownPhase : PhaseDefaults {
 };
 
 // Before phase p: start what p can load without the barrier's data (L2
-// prefetch, the first shared-memory stages), then wait for the grid, making
-// p's item numbering between the block's arrival and the grid's.
+// prefetch, the first shared-memory stages), then wait for the grid. p's
+// item numbering is made once: before the barrier when those need it, else
+// between the block's arrival and the grid's.
 template <class P>
 KT_DEV void barrier_before(Ctx& c, P& p) {
+  constexpr bool numbered_first = KT_PREFETCH || (KT_STAGES > 0 && KT_EARLY && KT_FEED != 4);
+  auto number = [&] {
+    c.plan = ItemMap(p);
+    c.plan_phase = c.gemv_phases;  // p is the next run_gemv_phase
+  };
+  if (numbered_first) number();
   if (KT_PREFETCH) stamp(c, c.layer, kPhasePrefetch);
   prefetch_phase(c, p);
   early_issue(c, p);
   barrier_arrive(c);
-  c.plan = ItemMap(p);
-  c.plan_phase = c.gemv_phases;  // p is the next run_gemv_phase
+  if (!numbered_first) number();
   barrier_wait(c);
 }
 
