@@ -186,8 +186,9 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 // allocation (ptxas's count: kLaunchRegs rounded down to 8). Asking for more
 // waits forever (run 118: 48 and 232 hung; the SM's spare registers do not count).
 // 64 since the loader ranks the router's logits (loader_route): at 40 that
-// code spilled and took ~3 us a layer (run 146); the consumers keep 216.
-constexpr int kLoaderRegs = 64;
+// code spilled and took ~3 us a layer (run 146). 72 since it also plans the
+// down phase early (load_moe): ptxas's spills fell, and the consumers keep 216.
+constexpr int kLoaderRegs = 72;
 constexpr int kLaunchAlloc = kLaunchRegs / 8 * 8;
 constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + 128 * (kLaunchAlloc - kLoaderRegs) / THREADS / 8 * 8);
 static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > kLoaderRegs), "loader registers");
@@ -1352,6 +1353,9 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   if (first) stamp(c, c.layer, kPhaseItem);
   item_sums(c, p, tile, item.kc0, item.kc1);
   if (first) stamp(c, c.layer, kPhaseItemComputed);
+  // The epilogue's own loads (a residual, the conv windows) go out now: their
+  // round trip overlaps the k-split hand-off instead of following it.
+  const typename P::Operands ops = p.operands(c, tile);
   kt_block_sync();
   float y = 0;
   if (c.tid < TILE)
@@ -1395,7 +1399,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   }
   if (c.tid < TILE) c.sm->ytile[c.tid] = y;
   kt_block_sync();
-  p.epilogue(c, tile, c.sm->ytile);
+  p.epilogue(c, tile, c.sm->ytile, ops);
   kt_block_sync();
   p.after_epilogue(c, tile);
   if (first) stamp(c, c.layer, kPhaseItemDone);
@@ -1603,6 +1607,10 @@ struct PhaseDefaults {
   KT_DEV void stage(Ctx&, int, int, int) {}
   KT_DEV void before_tile(Ctx&, int) {}
   KT_DEV void after_epilogue(Ctx&, int) {}
+  // What a tile's epilogue loads besides the sums, loaded by the threads
+  // that run it (c.tid < TILE) before the hand-off (gemv_item).
+  struct Operands {};
+  KT_DEV Operands operands(const Ctx&, int) const { return {}; }
   KT_DEV bool static_weights(int) const { return true; }
   // KT_FEED 2, 3: whether seg() can name tile's weights now (the routed
   // experts' only once this block has selected them).
@@ -1643,7 +1651,18 @@ struct QkvgPhase : PhaseDefaults {
     (void)tile;
 #endif
   }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+  // q, k, v's column n: its conv window (the last 3 raw rows) and conv weights.
+  struct Operands {
+    uint16_t w0, w1, w2, cw[4];  // conv_w by halves: the tensor may be only 2-byte aligned
+  };
+  KT_DEV Operands operands(const Ctx& c, int tile) const {
+    const int m = tile / (C / TILE), n = (tile % (C / TILE)) * TILE + c.tid;
+    if (c.tid >= TILE || m == 3) return {};
+    const uint16_t* win = L.win[m];
+    const uint16_t* cw = L.conv_w + (size_t(m) * C + n) * 4;
+    return {win[n], win[C + n], win[2 * C + n], {cw[0], cw[1], cw[2], cw[3]}};
+  }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, const Operands& o) {
     const int m = tile / (C / TILE), n0 = (tile % (C / TILE)) * TILE;
     if (c.tid >= TILE) return;
     const int n = n0 + c.tid;
@@ -1653,13 +1672,11 @@ struct QkvgPhase : PhaseDefaults {
       return;
     }
     uint16_t* win = L.win[m];
-    const uint16_t* cw = L.conv_w + (size_t(m) * C + n) * 4;
-    const uint16_t w0 = win[n], w1 = win[C + n], w2 = win[2 * C + n];
-    float s = kt_bf2f(w0) * kt_bf2f(cw[0]) + kt_bf2f(w1) * kt_bf2f(cw[1]) + kt_bf2f(w2) * kt_bf2f(cw[2]) +
-              kt_bf2f(raw) * kt_bf2f(cw[3]);
+    float s = kt_bf2f(o.w0) * kt_bf2f(o.cw[0]) + kt_bf2f(o.w1) * kt_bf2f(o.cw[1]) + kt_bf2f(o.w2) * kt_bf2f(o.cw[2]) +
+              kt_bf2f(raw) * kt_bf2f(o.cw[3]);
     c.s->act[m][n] = kt_f2bf(kt_silu(s));
-    win[n] = w1;
-    win[C + n] = w2;
+    win[n] = o.w1;
+    win[C + n] = o.w2;
     win[2 * C + n] = raw;
   }
 };
@@ -1685,6 +1702,9 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
 #else
     (void)layer;
 #endif
+    // Every load of this step's inputs goes out before the first block
+    // barrier: one round trip (v and beta had waited for it, a second).
+    const uint16_t v_raw = kt_ld_cg(&c.s->act[2][h * KD + j]), beta_raw = kt_ld_cg(&c.s->beta_raw[h]);
     if (c.tid < KD) {
       const int i = c.tid;
       c.sm->kq[i] = kt_bf2f(kt_ld_cg(&c.s->act[1][h * KD + i]));
@@ -1692,7 +1712,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
       c.sm->dec[i] = expf(-kt_softplus(kt_bf2f(kt_ld_cg(&c.s->graw[h * KD + i]))));
     }
     kt_block_sync();
-    const float beta = kt_sigmoid(kt_bf2f(kt_ld_cg(&c.s->beta_raw[h])));
+    const float beta = kt_sigmoid(kt_bf2f(beta_raw));
     float pred = 0;
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -1705,7 +1725,7 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
     kt_block_sync();
     pred = 0;
     for (int w = 0; w < WARPS; ++w) pred += c.sm->part[0][w][c.lane];
-    const float delta = beta * (kt_bf2f(kt_ld_cg(&c.s->act[2][h * KD + j])) - pred);
+    const float delta = beta * (kt_bf2f(v_raw) - pred);
     float o = 0;
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -1726,6 +1746,18 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
   }
 }
 
+// o_proj's and down's epilogue: out = res + bf16(y) for the tile's columns,
+// the residual loaded before the hand-off (gemv_item).
+struct Residual {
+  uint16_t v;
+};
+KT_DEV Residual residual_of(const Ctx& c, const uint16_t* res, int tile) {
+  return {c.tid < TILE ? kt_ld_cg(res + tile * TILE + c.tid) : uint16_t(0)};
+}
+KT_DEV void add_residual(const Ctx& c, uint16_t* out, int tile, const float* y, Residual r) {
+  if (c.tid < TILE) out[tile * TILE + c.tid] = kt_f2bf(kt_bf2f(r.v) + kt_round_bf16(y[c.tid]));
+}
+
 // o_proj: input staged once (bf16 [K]), output h = x + bf16(y).
 struct OprojPhase : PhaseDefaults {
   OneMatrix m;
@@ -1737,12 +1769,9 @@ struct OprojPhase : PhaseDefaults {
   KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
   KT_DEV Seg seg(int tile, int) const { return m.seg_at(tile); }
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
-    if (c.tid < TILE) {
-      const int n = tile * TILE + c.tid;
-      out[n] = kt_f2bf(kt_bf2f(kt_ld_cg(x + n)) + kt_round_bf16(y[c.tid]));
-    }
-  }
+  using Operands = Residual;
+  KT_DEV Operands operands(const Ctx& c, int tile) const { return residual_of(c, x, tile); }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r); }
 };
 
 // ---- M layer ------------------------------------------------------------------
@@ -1757,7 +1786,7 @@ struct Mla1Phase : PhaseDefaults {
     if (tile < QT) return make_seg(L.q.w_q, L.q.scales, L.q.zeros, QDIM, tile * TILE, rp + kMlaQ, D / G);
     return make_seg(L.kv_a.w_q, L.kv_a.scales, L.kv_a.zeros, KVA, (tile - QT) * TILE, rp + kMlaKva, D / G);
   }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
     if (c.tid >= TILE) return;
     const int cidx = c.tid;
     if (tile < QT) {
@@ -2011,13 +2040,19 @@ struct WuvPhase : PhaseDefaults {
   }
   // The combined o_lat[h] for the item's dims: sum over chunks of
   // exp(m_c - M) acc_c / sum exp(m_c - M) l_c. SUB threads share 4 dims
-  // and split the chunks. Each thread issues its chunks' partial sums
-  // (16-byte loads, up to kWuvLoads) before the block's max and sum over m
-  // and l, whose loads are issued together too, so the stage pays about one
-  // L2 round trip, not one per step (RESULTS, runs 68-69: the stage had been
-  // ~6 us of the phase's 11).
+  // and split the chunks. Each thread loads its chunk's m and l first (the
+  // block's max and sum over them come first), then issues its chunks'
+  // partial sums (16-byte loads, up to kWuvLoads), all before the first is
+  // used, so the stage pays about one L2 round trip, not one per step
+  // (RESULTS, runs 68-69: the stage had been ~6 us of the phase's 11). With
+  // the partials issued first, m and l queued behind ~48 KB of them (run 156).
   static constexpr int kWuvLoads = 12;
   KT_DEV void stage(Ctx& c, int h, int kc0, int kc1) {
+    float m = -INFINITY, l = 0;  // this thread's chunk's, for weigh_chunks
+    if (c.tid < nch) {
+      m = kt_ld_cg(&c.s->attn_m[c.tid * MH + h]);
+      l = kt_ld_cg(&c.s->attn_l[c.tid * MH + h]);
+    }
     const int quads = (kc1 - kc0) * (CHUNK / 4);
     int sub = 1;
     while (sub < 32 && quads * sub * 2 <= THREADS) sub *= 2;
@@ -2034,7 +2069,7 @@ struct WuvPhase : PhaseDefaults {
                      : float4{0, 0, 0, 0};
       }
       if (trip == 0) {
-        weigh_chunks(c, h);  // while the loads are out
+        weigh_chunks(c, h, m, l);  // while the loads are out
         if (c.items == 1) stamp(c, c.layer, kPointChunksWeighed, true);
       }
       float4 v = {0, 0, 0, 0};
@@ -2064,13 +2099,10 @@ struct WuvPhase : PhaseDefaults {
     if (c.items == 1) stamp(c, c.layer, kPointItemStaged, true);
   }
   // cw[ch] = exp(m_ch - M) for every chunk and wden = sum cw[ch] l_ch, in
-  // shared memory (block-wide: every thread calls it once).
-  KT_DEV void weigh_chunks(Ctx& c, int h) {
-    float m = -INFINITY, l = 0, mx = -INFINITY;
-    if (c.tid < nch) {
-      m = kt_ld_cg(&c.s->attn_m[c.tid * MH + h]);
-      l = kt_ld_cg(&c.s->attn_l[c.tid * MH + h]);
-    }
+  // shared memory (block-wide: every thread calls it once, with chunk
+  // c.tid's m and l when c.tid < nch).
+  KT_DEV void weigh_chunks(Ctx& c, int h, float m, float l) {
+    float mx = -INFINITY;
     for (int ch = c.tid; ch < nch; ch += THREADS) mx = fmaxf(mx, ch == c.tid ? m : kt_ld_cg(&c.s->attn_m[ch * MH + h]));
     mx = block_max(c, mx);
     float den = 0;
@@ -2085,7 +2117,7 @@ struct WuvPhase : PhaseDefaults {
     if (c.tid == 0) c.sm->wden = den;
     kt_block_sync();
   }
-  KT_DEV void epilogue(Ctx& c, int h, const float* y) {
+  KT_DEV void epilogue(Ctx& c, int h, const float* y, Operands) {
     if (c.tid < VH) c.s->mla_o[h * VH + c.tid] = kt_f2bf(y[c.tid]);
   }
 };
@@ -2222,7 +2254,7 @@ struct MoeAPhase : PhaseDefaults {
     kt_block_sync();
     c.routed = true;
   }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
     int slot, up;
     slot_of(tile, &slot, &up);
     if (c.tid < TILE) c.s->gu[(slot * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
@@ -2287,12 +2319,9 @@ struct DownPhase : PhaseDefaults {
     }
     kt_block_sync();
   }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y) {
-    if (c.tid < TILE) {
-      const int n = tile * TILE + c.tid;
-      out[n] = kt_f2bf(kt_bf2f(kt_ld_cg(h + n)) + kt_round_bf16(y[c.tid]));
-    }
-  }
+  using Operands = Residual;
+  KT_DEV Operands operands(const Ctx& c, int tile) const { return residual_of(c, h, tile); }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r); }
 };
 
 // Before phase p: start what p can load without the barrier's data (L2
@@ -2345,7 +2374,8 @@ KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint1
 // moe_a: this layer's gate/up phase (its first stages may be in flight).
 KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, const uint16_t* x, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
-  DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next, layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
+  DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next,
+                 layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
   stamp(c, layer, 5);
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
   stamp_event(c, kEventStaged);
@@ -2407,38 +2437,63 @@ KT_DEV void loader_route(Ctx& c, int layer) {
 }
 
 // One GEMV phase's stages of this block, into the ring in the consumers'
-// order. after: what all of them wait for (made after the numbering, whose
-// search is then off that wait's path): the block's routing (kAfterRouting:
-// the down phase reads every routed expert), or the attention's end
-// (kAfterAttention: the ring's memory is lent to it).
-enum LoadAfter { kAfterNothing, kAfterRouting, kAfterAttention };
+// order. attentions > 0: first wait for that many attention phases to end
+// (the ring's memory is lent to them), after the numbering, whose search is
+// then off that wait's path.
 template <class P>
-KT_DEV void load_phase(Ctx& c, const P& p, int layer, LoadAfter after = kAfterNothing, unsigned attentions = 0) {
+KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
   const ItemMap map(p);
-  if (after == kAfterRouting) loader_route(c, layer);
-  if (after == kAfterAttention) loader_wait(&c.sm->attentions, attentions);
+  if (attentions > 0) loader_wait(&c.sm->attentions, attentions);
   for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
-    if (!p.static_weights(item.tile)) loader_route(c, layer);
     feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
   }
 }
+
+// A MoE layer's two phases. The down phase's numbering (split_for's
+// search, ~1 us in one warp) is made while the loader waits for the router
+// (it does not depend on the routing), so the down phase's first copies
+// follow the gate/up phase's last at once.
+KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
+  const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
+  const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr};
+  const ItemMap map(up);
+  ItemPlan down_plan;
+  bool planned = false;
+  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
+    if (it < map.rows) continue;
+    const Item item = map.item(it);
+    if (!up.static_weights(item.tile)) {
+      if (!planned) down_plan = ItemMap(down);
+      planned = true;
+      loader_route(c, layer);
+    }
+    feed_item_stages(c, up, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
+  }
+  if (!planned) down_plan = ItemMap(down);
+  loader_route(c, layer);  // the down phase reads every routed expert
+  const ItemMap dmap(down_plan);
+  for (int it = int(blockIdx.x); it < dmap.items; it += int(gridDim.x)) {
+    if (it < dmap.rows) continue;
+    const Item item = dmap.item(it);
+    feed_item_stages(c, down, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
+  }
+}
+
 KT_DEV void loader_main(Ctx& c) {
   unsigned m_layers = 0;
   for (int layer = 0; layer < KT_LAYERS; ++layer) {
     const KtLayer& Ly = c.a.layers[layer];
     if (!m_layer(layer)) {
-      load_phase(c, QkvgPhase{{layer_repack(layer)}, Ly.kda, layer}, layer);
-      load_phase(c, make_oproj(c, layer, Ly.kda.o, C, nullptr), layer);
+      load_phase(c, QkvgPhase{{layer_repack(layer)}, Ly.kda, layer});
+      load_phase(c, make_oproj(c, layer, Ly.kda.o, C, nullptr));
     } else {
-      load_phase(c, Mla1Phase{{layer_repack(layer)}, Ly.mla, c.a.context}, layer);
-      load_phase(c, WuvPhase{{layer_repack(layer)}, Ly.mla, 0}, layer, kAfterAttention, ++m_layers);
-      load_phase(c, make_oproj(c, layer, Ly.mla.o, MO, nullptr), layer);
+      load_phase(c, Mla1Phase{{layer_repack(layer)}, Ly.mla, c.a.context});
+      load_phase(c, WuvPhase{{layer_repack(layer)}, Ly.mla, 0}, ++m_layers);
+      load_phase(c, make_oproj(c, layer, Ly.mla.o, MO, nullptr));
     }
-    load_phase(c, MoeAPhase{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk}, layer);
-    load_phase(c, DownPhase{{moe_layer_repack(layer)}, Ly.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr},
-               layer, kAfterRouting);
+    load_moe(c, layer, Ly.moe);
   }
 }
 #endif
