@@ -2436,19 +2436,26 @@ KT_DEV void loader_route(Ctx& c, int layer) {
   __syncwarp();
 }
 
-// One GEMV phase's stages of this block, into the ring in the consumers'
-// order. attentions > 0: first wait for that many attention phases to end
-// (the ring's memory is lent to them), after the numbering, whose search is
-// then off that wait's path.
+// The block's items of a phase (numbered by map), each item's stages into
+// the ring in the consumers' order; before(item) runs ahead of each.
+template <class P, class Before>
+KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
+  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
+    if (it < map.rows) continue;
+    const Item item = map.item(it);
+    before(item);
+    feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
+  }
+}
+
+// One GEMV phase's stages of this block. attentions > 0: first wait for
+// that many attention phases to end (the ring's memory is lent to them),
+// after the numbering, whose search is then off that wait's path.
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
   const ItemMap map(p);
   if (attentions > 0) loader_wait(&c.sm->attentions, attentions);
-  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
-    if (it < map.rows) continue;
-    const Item item = map.item(it);
-    feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
-  }
+  feed_items(c, p, map, [](const Item&) {});
 }
 
 // A MoE layer's two phases. The down phase's numbering (split_for's
@@ -2458,27 +2465,17 @@ KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
 KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
   const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
   const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr};
-  const ItemMap map(up);
   ItemPlan down_plan;
   bool planned = false;
-  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
-    if (it < map.rows) continue;
-    const Item item = map.item(it);
-    if (!up.static_weights(item.tile)) {
-      if (!planned) down_plan = ItemMap(down);
-      planned = true;
-      loader_route(c, layer);
-    }
-    feed_item_stages(c, up, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
-  }
+  feed_items(c, up, ItemMap(up), [&](const Item& item) {
+    if (up.static_weights(item.tile)) return;
+    if (!planned) down_plan = ItemMap(down);
+    planned = true;
+    loader_route(c, layer);
+  });
   if (!planned) down_plan = ItemMap(down);
   loader_route(c, layer);  // the down phase reads every routed expert
-  const ItemMap dmap(down_plan);
-  for (int it = int(blockIdx.x); it < dmap.items; it += int(gridDim.x)) {
-    if (it < dmap.rows) continue;
-    const Item item = dmap.item(it);
-    feed_item_stages(c, down, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
-  }
+  feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
 }
 
 KT_DEV void loader_main(Ctx& c) {
