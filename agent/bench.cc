@@ -136,6 +136,17 @@ std::string layer_label(const kimi::KimiConfig& cfg, int layer) {
   return layer < cfg.layers() ? std::to_string(layer) + (cfg.is_kda(layer) ? " K" : " M") : std::string("-");
 }
 
+// A stamp's tag (megakernel.cu, stamp): a phase start is layer * 16 + phase;
+// a point inside it is 1024 + (layer * 16 + phase) * 16 + point. The
+// phase's key and the point (0 for the phase start).
+struct StampTag {
+  int key, point;
+  bool is_point;
+};
+StampTag split_tag(int tag) {
+  return tag >= 1024 ? StampTag{(tag - 1024) / 16, (tag - 1024) % 16, true} : StampTag{tag, 0, false};
+}
+
 // Mean time per phase over the profiled steps, per context.
 void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   std::printf("\nper-phase time (us, mean over profiled steps; phase start to next phase start):\n");
@@ -150,10 +161,9 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
       for (size_t i = 0; i + 1 < st.size(); ++i)
         sum[st[i][0].get<int>()] += double(st[i + 1][1].get<uint64_t>() - st[i][1].get<uint64_t>()) / 1000.0;
       for (const json& s : st) {
-        const int tag = s[0].get<int>(), key = tag >= 1024 ? (tag - 1024) / 16 : tag;
-        const int point = tag >= 1024 ? (tag - 1024) % 16 : 0;
-        std::vector<int>& order = point_order[key];
-        if (std::find(order.begin(), order.end(), point) == order.end()) order.push_back(point);
+        const StampTag t = split_tag(s[0].get<int>());
+        std::vector<int>& order = point_order[t.key];
+        if (std::find(order.begin(), order.end(), t.point) == order.end()) order.push_back(t.point);
       }
       ++runs;
     }
@@ -171,11 +181,11 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
   std::map<int, std::vector<double>> phase_total;          // layer * 16 + phase -> us per context
   std::map<int, std::map<int, std::vector<double>>> parts;  // same key -> point -> us per context
   for (auto& [tag, v] : per_tag) {
-    const int key = tag >= 1024 ? (tag - 1024) / 16 : tag, point = tag >= 1024 ? (tag - 1024) % 16 : 0;
-    auto& t = phase_total[key];
+    const StampTag st = split_tag(tag);
+    auto& t = phase_total[st.key];
     t.resize(v.size(), 0.0);
     for (size_t i = 0; i < v.size(); ++i) t[i] += v[i];
-    parts[key][point] = v;
+    parts[st.key][st.point] = v;
   }
   std::printf("%-6s %-26s", "layer", "phase");
   for (const json& p : profiles) std::printf(" %10d", p.value("context", 0));
@@ -239,14 +249,13 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
       std::vector<Key> keys;  // block 0's barrier and event points, in order
       std::map<int, double> phase_start;
       for (const json& s : st) {
-        const int tag = s[0].get<int>();
+        const StampTag t = split_tag(s[0].get<int>());
         const double ns = double(s[1].get<uint64_t>());
-        if (tag < 1024) {
-          phase_start[tag] = ns;
+        if (!t.is_point) {
+          phase_start[t.key] = ns;
           continue;
         }
-        const int key = (tag - 1024) / 16, point = (tag - 1024) % 16;
-        if (point == 12 || is_event(point)) keys.push_back({key, point, phase_start[key]});
+        if (t.point == 12 || is_event(t.point)) keys.push_back({t.key, t.point, phase_start[t.key]});
       }
       for (size_t k = 0; k < arr.size() && k < keys.size(); ++k) {
         if (recs.size() <= k) recs.resize(k + 1);
