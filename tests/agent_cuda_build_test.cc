@@ -51,6 +51,15 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
         std::string::npos);
   CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"stages", 4}}).find("attn_rows 32") != std::string::npos);
   CHECK(why_not({{"threads", 384}}).empty());
+  // Shared memory holds one more 32-row attention tile at one block an SM
+  // (beside a ring of up to 20 stages), two more only as 16-row tiles, none
+  // with two blocks an SM.
+  CHECK(why_not({{"attn_depth", 1}}).empty());
+  CHECK(why_not({{"attn_depth", 1}, {"stages", 20}}).empty());
+  CHECK(why_not({{"attn_depth", 2}}).find("attn_depth") != std::string::npos);
+  CHECK(why_not({{"attn_depth", 2}, {"attn_rows", 16}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}, {"stages", 6}, {"attn_depth", 1}})
+            .find("attn_depth") != std::string::npos);
   // The lean GEMV loop has one shape.
   CHECK(why_not({{"gemv_code", "lean"}}).empty());
   CHECK(why_not({{"gemv_code", "lean"}, {"pipeline", 0}}).find("lean") != std::string::npos);
@@ -90,6 +99,9 @@ TEST_CASE("knobs that change nothing at a point are the same variant as their de
   json fma = space.complete({{"attn", "fma"}, {"attn_rows", 16}});
   CHECK(space.canonical(fma)["attn_rows"] == 32);
   CHECK(space.canonical(space.complete({{"attn_rows", 16}}))["attn_rows"] == 16);
+  // So does attn_depth, its ring's depth.
+  CHECK(space.canonical(space.complete({{"attn", "fma"}, {"attn_depth", 1}}))["attn_depth"] == 0);
+  CHECK(space.canonical(space.complete({{"attn_depth", 1}}))["attn_depth"] == 1);
   // Canonical is a fixed point; an invalid or incomplete point comes back unchanged.
   CHECK(space.canonical(space.canonical(moved)) == space.canonical(moved));
   const json bad = space.complete({{"stages", 0}});  // the loader without a ring: refused

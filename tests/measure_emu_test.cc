@@ -483,4 +483,7 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
       32, 512,
       cp_async_path({{"threads", 256}, {"attn_heads", 16}, {"attn", "mma"}, {"blocks_per_sm", 2}, {"attn_rows", 16}}));
   compare_attention(2, 128, cp_async_path({{"threads", 512}, {"attn", "mma"}}));
+  // Deeper rings of row tiles (attn_depth): 4 of 32 rows, 6 of 16.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 1}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 2}, {"attn_rows", 16}}));
 }

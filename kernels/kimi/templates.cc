@@ -34,6 +34,9 @@ KnobSpace cuda_mega_space() {
       {"attn_rows", "KT_ATTN_ROWS", {16, 32}, 32,
        "mma attention: cached rows per shared-memory tile (two block barriers and one exchange of partial "
        "scores per tile)"},
+      {"attn_depth", "KT_ATTN_DEPTH", {0, 1, 2}, 0,
+       "mma attention: row tiles in its cp.async ring beyond the fitted depth (3 tiles of 32 rows, 4 of 16, 2 "
+       "with two blocks an SM), so more of the latent cache is in flight per block"},
       {"pipeline", "KT_PIPELINE", {0, 1}, 1,
        "register path: issue the next batch of weight loads before computing the current one (two buffers)"},
       {"scales", "KT_SCALES", {"global", "smem", "ahead"}, "ahead",
@@ -97,7 +100,8 @@ KnobSpace cuda_mega_space() {
   auto register_path = [](const json& p) { return p["stages"].get<int>() == 0; };
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
-  when("attn_rows", [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
+  for (const char* k : {"attn_rows", "attn_depth"})
+    when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
     // memory together (the runner's occupancy check refused 2 x 384 and 2 x
@@ -121,6 +125,14 @@ KnobSpace cuda_mega_space() {
     // Three 32-row tiles and their scores need ~136 KB of shared memory; two blocks do not fit on an SM.
     if (p["attn"].get<std::string>() == "mma" && p["attn_rows"].get<int>() == 32 && p["blocks_per_sm"].get<int>() > 1) {
       *why = "attn_rows 32 needs blocks_per_sm 1 (shared memory)";
+      return false;
+    }
+    // The mma attention's ring beside the rest of the block's shared memory
+    // (~48 KB): one more 32-row tile (37 KB) fits at one block an SM, two do
+    // not; 16-row tiles (18.5 KB) fit two more; two blocks an SM have no room.
+    if (p["attn"].get<std::string>() == "mma" && p["attn_depth"].get<int>() > 0 &&
+        (p["blocks_per_sm"].get<int>() > 1 || p["attn_depth"].get<int>() * p["attn_rows"].get<int>() > 32)) {
+      *why = "attn_depth > 0 needs blocks_per_sm 1, and attn_depth 2 needs attn_rows 16 (shared memory)";
       return false;
     }
     // The bulk feed streams the staged path's stages into mma fragments.

@@ -44,6 +44,7 @@
 // tensor cores, attention_mma.cuh), KT_PROFILE (1: block 0 stamps the start
 // of every phase into args.trace, for `ktune bench`'s per-phase table),
 // KT_ATTN_ROWS (cached rows per tile of the mma attention, 16 or 32),
+// KT_ATTN_DEPTH (tiles in the mma attention's ring beyond the fitted depth),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
@@ -111,6 +112,7 @@ static_assert(E <= 64 * 4, "experts");
 static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
+static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
@@ -167,7 +169,7 @@ struct alignas(16) AttTile {
 // bf16 hi + lo, rescale factors. AM_HP heads per pass over a chunk: 32 only
 // where two m16 tiles' accumulators and queries (2 AM_DW registers) fit.
 constexpr int AM_ROWS = KT_ATTN_ROWS;  // cached rows per tile (16 or 32: two m16n8k16 row steps)
-constexpr int AM_STAGES = KT_BLOCKS_PER_SM == 1 ? (AM_ROWS == 16 ? 4 : 3) : 2;
+constexpr int AM_STAGES = (KT_BLOCKS_PER_SM == 1 ? (AM_ROWS == 16 ? 4 : 3) : 2) + KT_ATTN_DEPTH;
 constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
 // Warps that split the latent dims: a power of two, so the dims split evenly
 // (12 warps use 8; the others skip those steps).
@@ -1684,19 +1686,37 @@ struct QkvgPhase : PhaseDefaults {
 // Whether this warp's key row r exists (a constant when the warps divide KD).
 KT_DEV bool kda_row(const Ctx& c, int r) { return KD % WARPS == 0 || c.warp * ((KD + WARPS - 1) / WARPS) + r < KD; }
 
-// One item: head h, value columns [32 jc, 32 jc + 32).
-// The state's rows are loaded first: they do not depend on this step, so with
-// KT_KDA_START 1 their round trip overlaps the wait for the head's inputs
-// (q, k, v, g: four tiles of the q,k,v,g phase, and beta).
-KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer) {
-  constexpr int RPW = (KD + WARPS - 1) / WARPS;  // key rows per warp (the last warp's may run past KD)
-  const int items = KH * (KD / 32);
-  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+// One KDA item: head h, value columns [32 jc, 32 jc + 32). Its rows of the
+// state S (this thread's column, its warp's key rows) do not depend on this
+// step and only the item touches them, so they load first: the block's first
+// item's before the grid barrier that precedes the phase (kda_load; their
+// DRAM round trip overlaps the barrier), and with KT_KDA_START 1 while the
+// item waits for its head's inputs (q, k, v, g: four tiles of the q,k,v,g
+// phase, and beta).
+constexpr int KDA_RPW = (KD + WARPS - 1) / WARPS;  // key rows per warp (the last warp's may run past KD)
+struct KdaState {
+  float sv[KDA_RPW];
+};
+KT_DEV int kda_items() { return KH * (KD / 32); }
+KT_DEV KdaState kda_load(const Ctx& c, const KtKdaLayer& L, int it) {
+  const int h = it / (KD / 32), j = (it % (KD / 32)) * 32 + c.lane;
+  const float* S = L.S + size_t(h) * KD * KD;
+  KdaState st;
+#pragma unroll
+  for (int r = 0; r < KDA_RPW; ++r) st.sv[r] = kda_row(c, r) ? S[size_t(c.warp * KDA_RPW + r) * KD + j] : 0.0f;
+  return st;
+}
+
+// The KDA update; `first` holds the block's first item's state rows.
+KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer, const KdaState& first) {
+  constexpr int RPW = KDA_RPW;
+  for (int it = blockIdx.x; it < kda_items(); it += gridDim.x) {
     const int h = it / (KD / 32), j = (it % (KD / 32)) * 32 + c.lane;
     float* S = L.S + size_t(h) * KD * KD;
     float sv[RPW];
+    const KdaState st = it == int(blockIdx.x) ? first : kda_load(c, L, it);
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) sv[r] = kda_row(c, r) ? S[size_t(c.warp * RPW + r) * KD + j] : 0.0f;
+    for (int r = 0; r < RPW; ++r) sv[r] = st.sv[r];
 #if KT_KDA_START == 1
     wait_for(c, &c.s->head_ready[layer][h], 5u);  // q, k, v, g and beta
 #else
@@ -1814,21 +1834,37 @@ struct Mla1Phase : PhaseDefaults {
 // phase was two rounds of items on 132 blocks, two dependent DRAM round
 // trips (RESULTS, runs 68-69).
 constexpr int QA_PAIRS = 64, QA_TRIPS = cdiv(QA_PAIRS, WARPS * 4);  // packed rows per item; per 8 lanes
-KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
-  static_assert((R / 2) % QA_PAIRS == 0 && G == 2 * QA_PAIRS, "q_abs items: one quantization group each");
-  const int per_head = R / 2 / QA_PAIRS, items = MH * per_head;
-  const int sub = c.lane >> 3, c16 = (c.lane & 7) * 16;
-  const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
-  for (int it = blockIdx.x; it < items; it += gridDim.x) {
-    const int h = it / per_head, rp0 = (it % per_head) * QA_PAIRS;
-    const int col = h * (NOPE + VH) + c16;
-    uint4 wv[QA_TRIPS];
+// One q_abs item's weights and scales in registers. They are static, so the
+// block's first item loads them before the grid barrier that precedes the
+// phase (qabs_load): its DRAM round trip then overlaps the barrier, and only
+// the queries' L2 round trip follows it.
+struct QabsLoads {
+  uint4 wv[QA_TRIPS];
+  RawScales rs;
+};
+KT_DEV int qabs_items() { return MH * (R / 2 / QA_PAIRS); }
+KT_DEV QabsLoads qabs_load(Ctx& c, const KtMlaLayer& L, int it) {
+  const int per_head = R / 2 / QA_PAIRS, h = it / per_head, rp0 = (it % per_head) * QA_PAIRS;
+  const int sub = c.lane >> 3, col = h * (NOPE + VH) + (c.lane & 7) * 16;
+  QabsLoads ld;
 #pragma unroll
-    for (int i = 0; i < QA_TRIPS; ++i) {
-      const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
-      if (rp < rp0 + QA_PAIRS) wv[i] = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
-    }
-    const RawScales rs = fetch_scales(sg, 2 * rp0 / G, col, true);  // one group: G == 2 QA_PAIRS
+  for (int i = 0; i < QA_TRIPS; ++i) {
+    const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
+    if (rp < rp0 + QA_PAIRS) ld.wv[i] = kt_ld_weights<KT_LOAD_HINT>(L.kv_b.w_q + size_t(rp) * KVB + col);
+  }
+  const Seg sg{L.kv_b.w_q, L.kv_b.scales, L.kv_b.zeros, KVB, 0};
+  ld.rs = fetch_scales(sg, 2 * rp0 / G, col, true);  // one group: G == 2 QA_PAIRS
+  return ld;
+}
+
+// The q_abs phase; `first` holds the block's first item's loads.
+KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L, const QabsLoads& first) {
+  static_assert((R / 2) % QA_PAIRS == 0 && G == 2 * QA_PAIRS, "q_abs items: one quantization group each");
+  const int per_head = R / 2 / QA_PAIRS;
+  const int sub = c.lane >> 3, c16 = (c.lane & 7) * 16;
+  for (int it = blockIdx.x; it < qabs_items(); it += gridDim.x) {
+    const int h = it / per_head, rp0 = (it % per_head) * QA_PAIRS;
+    const QabsLoads ld = it == int(blockIdx.x) ? first : qabs_load(c, L, it);
     uint32_t ss[8], zz[8];
     float q[16];
 #pragma unroll
@@ -1837,11 +1873,11 @@ KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L) {
     for (int i = 0; i < QA_TRIPS; ++i) {
       const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
       if (rp >= rp0 + QA_PAIRS) break;  // whole warps (64 is a multiple of 4)
-      if (i == 0) expand_scales(rs, true, ss, zz);
+      if (i == 0) expand_scales(ld.rs, true, ss, zz);
       float a0 = 0, a1 = 0;
 #pragma unroll
       for (int b = 0; b < 16; ++b) {
-        const uint32_t w = word_of(wv[i], b >> 2);
+        const uint32_t w = word_of(ld.wv[i], b >> 2);
         const uint32_t pr = dequant_col(kt_nibble_pair(w, w >> 4, b & 3), ss, zz, b);
         a0 += q[b] * kt_lo(pr);
         a1 += q[b] * kt_hi(pr);
@@ -2694,9 +2730,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       stamp(c, layer, 0);
       stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
       run_gemv_phase_before(c, qkvg, oproj);  // the KDA update between them leaves the ring alone
+      const KdaState kda_first = int(blockIdx.x) < kda_items() ? kda_load(c, L, blockIdx.x) : KdaState{};
       if (KT_KDA_START == 0) barrier(c);
       stamp(c, layer, 1);
-      kda_phase(c, L, layer);
+      kda_phase(c, L, layer, kda_first);
       oproj_phase(c, layer, oproj, C, c.s->kda_o, next_moe);
     } else {
       const KtMlaLayer& L = Ly.mla;
@@ -2704,9 +2741,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       stamp(c, layer, 0);
       stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
       run_gemv_phase(c, mla1);
+      const QabsLoads qabs_first = int(blockIdx.x) < qabs_items() ? qabs_load(c, L, blockIdx.x) : QabsLoads{};
       barrier(c);
       stamp(c, layer, 1);
-      qabs_phase(c, L);
+      qabs_phase(c, L, qabs_first);
       barrier(c);
       stamp(c, layer, 2);
 #if KT_ATTN == 1
