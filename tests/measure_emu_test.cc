@@ -151,6 +151,11 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   golden_through_emu("kimi-top8.safetensors",
                      cp_async_path({{"attn", "fma"}, {"attn_heads", 16}, {"cache_hint", "plain"}}));
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"prefetch", 1}, {"attn_rows", 16}}));
+  // Phases numbered at the launch's start where the next phase's first item
+  // streams behind a phase's last (feed stream) and items come from a counter.
+  golden_through_emu("kimi-top8.safetensors",
+                     {{"numbering", "launch"}, {"stages", 4}, {"feed", "stream"}, {"sched", "static"}});
+  golden_through_emu("kimi-top8.safetensors", cp_async_path({{"numbering", "launch"}, {"sched", "dynamic"}}));
   // KDA items started by per-head counters: published by release atomics,
   // then by fences (k-split q,k,v,g tiles finished by whichever block ends last).
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"kda_start", "heads"}}));
@@ -212,6 +217,9 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   setenv("KTUNE_EMU_SMS", "3", 1);
   golden_through_emu("kimi-top8.safetensors", json::object());  // the defaults: the loader, a 12-stage ring
   golden_through_emu("kimi-top8.safetensors", {{"stages", 2}, {"feed", "loader"}, {"threads", 128}});
+  // Every kind of phase numbered once when the launch starts (4 warps: two
+  // kinds a warp), the loader numbering its own.
+  golden_through_emu("kimi-top8.safetensors", {{"numbering", "launch"}, {"threads", 128}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
   setenv("KTUNE_EMU_SMS", "3", 1);

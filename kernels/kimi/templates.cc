@@ -86,6 +86,11 @@ KnobSpace cuda_mega_space() {
        "o_proj and down k-splits: the last item of a tile (an atomic counter) sums the partials in order and "
        "adds the residual, or every item adds its sums into an fp32 vector by atomics (their order, so the "
        "last bits, vary) and the next phase's input staging adds the residual"},
+      {"numbering", "KT_NUMBERING", {"barrier", "launch"}, "barrier",
+       "how a block numbers a GEMV phase's items (split_for's search): at the barrier before the phase, between "
+       "its arrival and the grid's (the last block to arrive starts the phase after it; a copy of the search per "
+       "phase type), or once per kind of phase when the launch starts (one copy); the loader warp numbers its "
+       "own either way"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   // Where a knob changes nothing (its macro does not reach the compiled

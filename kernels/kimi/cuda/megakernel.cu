@@ -45,6 +45,8 @@
 // of every phase into args.trace, for `ktune bench`'s per-phase table),
 // KT_ATTN_ROWS (cached rows per tile of the mma attention, 16 or 32),
 // KT_ATTN_DEPTH (tiles in the mma attention's ring beyond the fitted depth),
+// KT_NUMBERING (0: each block numbers a GEMV phase's items at the barrier
+// before it; 1: once per kind of phase when the launch starts, make_plans),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
@@ -113,6 +115,7 @@ static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
+static_assert(KT_NUMBERING == 0 || KT_NUMBERING == 1, "numbering");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
@@ -209,6 +212,16 @@ struct alignas(16) AttMma {
 constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0), int(sizeof(AttTile)) * ATT_STAGES),
                                 KT_ATTN == 1 ? int(sizeof(AttMma)) : 0);
 
+// A GEMV phase's item numbering as plain numbers (number_items works it out,
+// ItemMap numbers the items with it). KT_NUMBERING 0: barrier_before works
+// out the next phase's while the grid barrier completes; 1: it depends only
+// on the phase's shape and the grid, so each block works out one per kind
+// of GEMV phase when the launch starts (make_plans).
+struct ItemPlan {
+  int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
+};
+enum PlanKind { kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown, kPlanKinds };
+
 // ---- per-block shared memory ------------------------------------------------------
 struct alignas(16) Smem {
   uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
@@ -233,16 +246,12 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+#if KT_NUMBERING == 1
+  ItemPlan plans[kPlanKinds];  // each kind of GEMV phase's numbering (make_plans)
+#endif
   unsigned long long route_at[2];  // profile: when the loader saw the logits and selected the experts
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
-};
-
-// A GEMV phase's item numbering as plain numbers (ItemMap, below, works it
-// out and numbers the items with it). barrier_before works out the next
-// phase's while the grid barrier completes, so the phase starts from it.
-struct ItemPlan {
-  int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
 };
 
 struct Ctx {
@@ -1413,25 +1422,34 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
 // expert's while the routed experts wait for the router) cut into as many
 // k-splits as fill the first wave, then the other tiles x S k-splits (S
 // from split_for).
+constexpr int kSplitUnit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // chunks per split unit: staged items are whole groups
+
+// The numbering of a GEMV phase of this shape (its tiles, row items, chunks
+// per tile and lead tiles). Whole warps call it (split_for). The search
+// costs ~0.5-1.3 us (RESULTS, run 145), and every phase type that numbers
+// itself inlines a ~4-KB copy of it (~70 KB of code in all, run 171).
+KT_DEV ItemPlan number_items(int tiles, int rows, int nch, int lead) {
+  ItemPlan pl;
+  pl.rows = rows;
+  pl.nch = nch;
+  pl.lead = KT_LEAD ? lead : 0;
+  const int fill = pl.lead > 0 ? (int(gridDim.x) - rows) / pl.lead : 1;
+  pl.S_lead = fill < 1 ? 1 : fill > nch / kSplitUnit ? nch / kSplitUnit : fill;
+  // The extra items' cost: a lead item's share of its tile, else a row item's.
+  const float extra_cost =
+      pl.lead > 0 ? kItemCostChunks + float(nch) / float(pl.S_lead * WARPS) : kRowItemCostChunks;
+  pl.S = split_for(tiles - pl.lead, nch, rows + pl.lead * pl.S_lead, extra_cost);
+  pl.items = rows + pl.lead * pl.S_lead + (tiles - pl.lead) * pl.S;
+  return pl;
+}
+template <class P>
+KT_DEV ItemPlan number_items(const P& p) {
+  return number_items(p.tiles(), p.row_items(), p.seg_chunks(0) * p.nseg(0), p.lead_tiles());
+}
+
 struct ItemMap : ItemPlan {
-  static constexpr int unit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // chunks per split unit: staged items are whole groups
+  static constexpr int unit = kSplitUnit;
   KT_DEV explicit ItemMap(const ItemPlan& plan) : ItemPlan(plan) {}
-  // The search in split_for costs ~0.5-1.3 us at the start of a phase
-  // (RESULTS, run 145): barrier_before makes it while the grid arrives.
-  template <class P>
-  KT_DEV explicit ItemMap(const P& p) {
-    const int tiles = p.tiles();
-    rows = p.row_items();
-    nch = p.seg_chunks(0) * p.nseg(0);
-    lead = KT_LEAD ? p.lead_tiles() : 0;
-    const int fill = lead > 0 ? (int(gridDim.x) - rows) / lead : 1;
-    S_lead = fill < 1 ? 1 : fill > nch / unit ? nch / unit : fill;
-    // The extra items' cost: a lead item's share of its tile, else a row item's.
-    const float extra_cost =
-        lead > 0 ? kItemCostChunks + float(nch) / float(S_lead * WARPS) : kRowItemCostChunks;
-    S = split_for(tiles - lead, nch, rows + lead * S_lead, extra_cost);
-    items = rows + lead * S_lead + (tiles - lead) * S;
-  }
   // Item `it` (rows <= it < items).
   KT_DEV Item item(int it) const {
     const int nu = nch / unit;
@@ -1446,10 +1464,15 @@ struct ItemMap : ItemPlan {
   }
 };
 
-// Phase p's numbering: the one barrier_before made for it, if it did.
+// Phase p's numbering: KT_NUMBERING 0, the one barrier_before made for it,
+// if it did; 1, its kind's from the launch's start.
 template <class P>
 KT_DEV ItemMap phase_map(const Ctx& c, const P& p) {
-  return c.plan_phase == c.gemv_phases ? ItemMap(c.plan) : ItemMap(p);
+#if KT_NUMBERING == 1
+  return ItemMap(c.sm->plans[p.plan_kind()]);
+#else
+  return c.plan_phase == c.gemv_phases ? ItemMap(c.plan) : ItemMap(number_items(p));
+#endif
 }
 
 // Prefetches into L2 the weight rows this block will read in phase p.
@@ -1535,7 +1558,7 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
         const Item ni = map.item(next);
         if (p.feedable(c, ni.tile)) name_next(c, p, ni.tile, ni.kc0, ni.kc1);
       } else if (KT_FEED == 3 && KT_SCHED == 0 && next >= map.items && np) {
-        const ItemMap nmap(*np);
+        const ItemMap nmap = KT_NUMBERING == 1 ? phase_map(c, *np) : ItemMap(number_items(*np));
         const int first = int(blockIdx.x);
         if (first >= nmap.rows && first < nmap.items) {
           const Item ni = nmap.item(first);
@@ -1624,6 +1647,7 @@ struct PhaseDefaults {
 struct QkvgPhase : PhaseDefaults {
   const KtKdaLayer& L;
   int layer;
+  KT_DEV int plan_kind() const { return kPlanQkvg; }
   KT_DEV int tiles() const { return 4 * (C / TILE); }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
@@ -1784,6 +1808,7 @@ struct OprojPhase : PhaseDefaults {
   const uint16_t* x;
   uint16_t* out;
   float* sums;  // KT_REDUCE 1: where the items add their sums (zero at launch start)
+  KT_DEV int plan_kind() const { return m.K == C ? kPlanOprojK : kPlanOprojM; }
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
@@ -1799,6 +1824,7 @@ struct Mla1Phase : PhaseDefaults {
   const KtMlaLayer& L;
   int pos;
   static constexpr int QT = QDIM / TILE, KT = (KVA + TILE - 1) / TILE;
+  KT_DEV int plan_kind() const { return kPlanMla1; }
   KT_DEV int tiles() const { return QT + KT; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
@@ -2068,6 +2094,7 @@ KT_DEV void attn_phase(Ctx& c, const KtMlaLayer& L, int pos) {
 struct WuvPhase : PhaseDefaults {
   const KtMlaLayer& L;
   int nch;
+  KT_DEV int plan_kind() const { return kPlanWuv; }
   KT_DEV int tiles() const { return MH; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return R / CHUNK; }
@@ -2237,6 +2264,7 @@ struct MoeAPhase : PhaseDefaults {
   const KtMoeLayer& L;
   int layer;
   static constexpr int IT = I / TILE, SHARED_TILES = NSH * 2 * IT;
+  KT_DEV int plan_kind() const { return kPlanMoeA; }
   KT_DEV int tiles() const { return SHARED_TILES + TOPK * 2 * IT; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
@@ -2318,6 +2346,7 @@ struct DownPhase : PhaseDefaults {
   float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
   KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }  // seg() reads the block's routing
+  KT_DEV int plan_kind() const { return kPlanDown; }
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return SLOTS; }
   KT_DEV int seg_chunks(int) const { return I / CHUNK; }
@@ -2368,7 +2397,8 @@ template <class P>
 KT_DEV void barrier_before(Ctx& c, P& p) {
   constexpr bool numbered_first = KT_PREFETCH || (KT_STAGES > 0 && KT_EARLY && KT_FEED != 4);
   auto number = [&] {
-    c.plan = ItemMap(p);
+    if (KT_NUMBERING == 1) return;  // numbered when the launch started
+    c.plan = number_items(p);
     c.plan_phase = c.gemv_phases;  // p is the next run_gemv_phase
   };
   if (numbered_first) number();
@@ -2439,6 +2469,36 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   c.routed = false;
 }
 
+// KT_NUMBERING 1: each kind of GEMV phase's numbering into c.sm->plans,
+// when the launch starts: warp w works out kinds w, w + WARPS, ... (from
+// layer 0's arguments: a phase's shape does not depend on its layer), one
+// inlined copy of the search for all kinds. The loader warp numbers its own
+// phases as it reaches them: when it reached the routing ~1 us sooner, the
+// layer whose top-k ties streamed its routed stages ~3 us later (RESULTS,
+// runs 177-179). The caller syncs the block after.
+#if KT_NUMBERING == 1
+KT_DEV void make_plans(Ctx& c) {
+  const KtLayer& L0 = c.a.layers[0];
+  for (int kind = c.warp; kind < kPlanKinds; kind += WARPS) {
+    int tiles = 0, rows = 0, nch = 0, lead = 0;
+    auto shape = [&](const auto& p) {
+      tiles = p.tiles(), rows = p.row_items(), nch = p.seg_chunks(0) * p.nseg(0), lead = p.lead_tiles();
+    };
+    switch (kind) {
+      case kPlanQkvg: shape(QkvgPhase{{0}, L0.kda, 0}); break;
+      case kPlanMla1: shape(Mla1Phase{{0}, L0.mla, c.a.context}); break;
+      case kPlanOprojK: shape(make_oproj(c, 0, L0.kda.o, C, nullptr)); break;
+      case kPlanOprojM: shape(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
+      case kPlanWuv: shape(WuvPhase{{0}, L0.mla, 0}); break;
+      case kPlanMoeA: shape(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
+      default: shape(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr}); break;
+    }
+    const ItemPlan pl = number_items(tiles, rows, nch, lead);
+    if (c.lane == 0) c.sm->plans[kind] = pl;
+  }
+}
+#endif
+
 #if KT_FEED == 4
 // ---- the loader warp (KT_FEED 4) ------------------------------------------------------
 // The first warp of a fourth warpgroup walks the block's stages of every GEMV
@@ -2489,7 +2549,7 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 // after the numbering, whose search is then off that wait's path.
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
-  const ItemMap map(p);
+  const ItemMap map(number_items(p));
   if (attentions > 0) loader_wait(&c.sm->attentions, attentions);
   feed_items(c, p, map, [](const Item&) {});
 }
@@ -2503,13 +2563,13 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
   const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr};
   ItemPlan down_plan;
   bool planned = false;
-  feed_items(c, up, ItemMap(up), [&](const Item& item) {
+  feed_items(c, up, ItemMap(number_items(up)), [&](const Item& item) {
     if (up.static_weights(item.tile)) return;
-    if (!planned) down_plan = ItemMap(down);
+    if (!planned) down_plan = number_items(down);
     planned = true;
     loader_route(c, layer);
   });
-  if (!planned) down_plan = ItemMap(down);
+  if (!planned) down_plan = number_items(down);
   loader_route(c, layer);  // the down phase reads every routed expert
   feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
 }
@@ -2701,6 +2761,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     return;
   }
   kt_setmaxnreg_inc<kConsumerRegs>();
+#endif
+#if KT_NUMBERING == 1
+  make_plans(c);
+  kt_block_sync();
 #endif
 #if KT_REDUCE == 1
   // The sums o_proj and down add into start at zero. Block 0's stores are
