@@ -1428,23 +1428,30 @@ constexpr int kSplitUnit = KT_STAGES > 0 ? STAGE_CHUNKS : 1;  // chunks per spli
 // per tile and lead tiles). Whole warps call it (split_for). The search
 // costs ~0.5-1.3 us (RESULTS, run 145), and every phase type that numbers
 // itself inlines a ~4-KB copy of it (~70 KB of code in all, run 171).
-KT_DEV ItemPlan number_items(int tiles, int rows, int nch, int lead) {
+struct PhaseShape {
+  int tiles, rows, nch, lead;
+};
+template <class P>
+KT_DEV PhaseShape shape_of(const P& p) {
+  return {p.tiles(), p.row_items(), p.seg_chunks(0) * p.nseg(0), p.lead_tiles()};
+}
+KT_DEV ItemPlan number_items(const PhaseShape& sh) {
   ItemPlan pl;
-  pl.rows = rows;
-  pl.nch = nch;
-  pl.lead = KT_LEAD ? lead : 0;
-  const int fill = pl.lead > 0 ? (int(gridDim.x) - rows) / pl.lead : 1;
-  pl.S_lead = fill < 1 ? 1 : fill > nch / kSplitUnit ? nch / kSplitUnit : fill;
+  pl.rows = sh.rows;
+  pl.nch = sh.nch;
+  pl.lead = KT_LEAD ? sh.lead : 0;
+  const int fill = pl.lead > 0 ? (int(gridDim.x) - sh.rows) / pl.lead : 1;
+  pl.S_lead = fill < 1 ? 1 : fill > sh.nch / kSplitUnit ? sh.nch / kSplitUnit : fill;
   // The extra items' cost: a lead item's share of its tile, else a row item's.
   const float extra_cost =
-      pl.lead > 0 ? kItemCostChunks + float(nch) / float(pl.S_lead * WARPS) : kRowItemCostChunks;
-  pl.S = split_for(tiles - pl.lead, nch, rows + pl.lead * pl.S_lead, extra_cost);
-  pl.items = rows + pl.lead * pl.S_lead + (tiles - pl.lead) * pl.S;
+      pl.lead > 0 ? kItemCostChunks + float(sh.nch) / float(pl.S_lead * WARPS) : kRowItemCostChunks;
+  pl.S = split_for(sh.tiles - pl.lead, sh.nch, sh.rows + pl.lead * pl.S_lead, extra_cost);
+  pl.items = sh.rows + pl.lead * pl.S_lead + (sh.tiles - pl.lead) * pl.S;
   return pl;
 }
 template <class P>
 KT_DEV ItemPlan number_items(const P& p) {
-  return number_items(p.tiles(), p.row_items(), p.seg_chunks(0) * p.nseg(0), p.lead_tiles());
+  return number_items(shape_of(p));
 }
 
 struct ItemMap : ItemPlan {
@@ -1558,7 +1565,7 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
         const Item ni = map.item(next);
         if (p.feedable(c, ni.tile)) name_next(c, p, ni.tile, ni.kc0, ni.kc1);
       } else if (KT_FEED == 3 && KT_SCHED == 0 && next >= map.items && np) {
-        const ItemMap nmap = KT_NUMBERING == 1 ? phase_map(c, *np) : ItemMap(number_items(*np));
+        const ItemMap nmap = phase_map(c, *np);
         const int first = int(blockIdx.x);
         if (first >= nmap.rows && first < nmap.items) {
           const Item ni = nmap.item(first);
@@ -2480,20 +2487,17 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 KT_DEV void make_plans(Ctx& c) {
   const KtLayer& L0 = c.a.layers[0];
   for (int kind = c.warp; kind < kPlanKinds; kind += WARPS) {
-    int tiles = 0, rows = 0, nch = 0, lead = 0;
-    auto shape = [&](const auto& p) {
-      tiles = p.tiles(), rows = p.row_items(), nch = p.seg_chunks(0) * p.nseg(0), lead = p.lead_tiles();
-    };
+    PhaseShape sh{};
     switch (kind) {
-      case kPlanQkvg: shape(QkvgPhase{{0}, L0.kda, 0}); break;
-      case kPlanMla1: shape(Mla1Phase{{0}, L0.mla, c.a.context}); break;
-      case kPlanOprojK: shape(make_oproj(c, 0, L0.kda.o, C, nullptr)); break;
-      case kPlanOprojM: shape(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
-      case kPlanWuv: shape(WuvPhase{{0}, L0.mla, 0}); break;
-      case kPlanMoeA: shape(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
-      default: shape(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr}); break;
+      case kPlanQkvg: sh = shape_of(QkvgPhase{{0}, L0.kda, 0}); break;
+      case kPlanMla1: sh = shape_of(Mla1Phase{{0}, L0.mla, c.a.context}); break;
+      case kPlanOprojK: sh = shape_of(make_oproj(c, 0, L0.kda.o, C, nullptr)); break;
+      case kPlanOprojM: sh = shape_of(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
+      case kPlanWuv: sh = shape_of(WuvPhase{{0}, L0.mla, 0}); break;
+      case kPlanMoeA: sh = shape_of(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
+      default: sh = shape_of(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr}); break;
     }
-    const ItemPlan pl = number_items(tiles, rows, nch, lead);
+    const ItemPlan pl = number_items(sh);
     if (c.lane == 0) c.sm->plans[kind] = pl;
   }
 }
