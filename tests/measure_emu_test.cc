@@ -151,8 +151,9 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   golden_through_emu("kimi-top8.safetensors",
                      cp_async_path({{"attn", "fma"}, {"attn_heads", 16}, {"cache_hint", "plain"}}));
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"prefetch", 1}, {"attn_rows", 16}}));
-  // Phases numbered at the launch's start where the next phase's first item
-  // streams behind a phase's last (feed stream) and items come from a counter.
+  // Phases numbered at the launch's start: with the next phase's first item
+  // streaming behind a phase's last (feed stream), and on the register path
+  // with items taken from a per-phase counter (sched dynamic).
   golden_through_emu("kimi-top8.safetensors",
                      {{"numbering", "launch"}, {"stages", 4}, {"feed", "stream"}, {"sched", "static"}});
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"numbering", "launch"}, {"sched", "dynamic"}}));
