@@ -119,16 +119,23 @@ constexpr int kLastPhase = 13;
 // Points 2-5: the MoE routing's events, which every block records
 // (megakernel.cu, kEvent*); points 6-8: block 0's router-row item and its
 // first w_uv item's staging.
+// Points 14-15: the block reaches its first routed gate/up item (done with the items before it), and
+// warp 0 has that item's sums (every block).
 constexpr int kFirstEvent = 2, kLastEvent = 5;
 const char* kEventNames[] = {"  . input staged", "  . router rows published", "  . all logits seen",
                              "  . experts selected"};
-bool is_event(int point) { return point >= kFirstEvent && point <= kLastEvent; }
+bool is_event(int point) { return (point >= kFirstEvent && point <= kLastEvent) || point == 14 || point == 15; }
+const char* event_name(int point) {
+  if (point == 14) return "  . first routed item reached";
+  if (point == 15) return "  . first routed item computed";
+  return kEventNames[point - kFirstEvent];
+}
 const char* point_name(int point) {
   if (point == 0) return "  . start, input staging";
   if (point == 6) return "  . block 0's router rows";
   if (point == 7) return "  . first item: input staged";
   if (point == 8) return "  . first item: chunk weights done";
-  return is_event(point) ? kEventNames[point - kFirstEvent] : kPhaseNames[std::min(point, kLastPhase)];
+  return is_event(point) ? event_name(point) : kPhaseNames[std::min(point, kLastPhase)];
 }
 
 // "0 K", "3 M": a layer and its attention; "-" past the last layer (the end).
@@ -306,7 +313,7 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
       events = true;
       const auto most = most_last(b);
       std::printf("%-6s %-42s %12.2f %12.2f %12.2f %8d (%d/%d)\n", layer_label(cfg, b.key / 16).c_str(),
-                  kEventNames[b.point - kFirstEvent] + 4 /* without the indent */, b.median / b.runs, b.p90 / b.runs, b.last / b.runs,
+                  event_name(b.point) + 4 /* without the indent */, b.median / b.runs, b.p90 / b.runs, b.last / b.runs,
                   most.first, most.second, b.runs);
     }
   }

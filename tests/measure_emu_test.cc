@@ -118,8 +118,10 @@ void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const ch
     Similarity h = similarity(out.hidden.size(), [&](size_t i) {
       return std::pair{double(bf16_to_float(out.hidden[i])), double(bf16_to_float(ref.out.hidden[i]))};
     });
-    Similarity row = similarity(out.ckv_row[3].size(), [&](size_t i) {
-      return std::pair{double(bf16_to_float(out.ckv_row[3][i])), double(bf16_to_float(ref.out.ckv_row[3][i]))};
+    const size_t m = cfg.pattern.rfind('M');  // the last MLA layer's new cache row
+    REQUIRE(m != std::string::npos);
+    Similarity row = similarity(out.ckv_row[m].size(), [&](size_t i) {
+      return std::pair{double(bf16_to_float(out.ckv_row[m][i])), double(bf16_to_float(ref.out.ckv_row[m][i]))};
     });
     std::printf("emu %s %s context %d: hidden cos %.7f, cache row cos %.7f\n", cfg.name.c_str(), knobs.dump().c_str(),
                 context, h.cosine, row.cosine);
@@ -221,8 +223,13 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   // Every kind of phase numbered once when the launch starts (4 warps: two
   // kinds a warp), the loader numbering its own.
   golden_through_emu("kimi-top8.safetensors", {{"numbering", "launch"}, {"threads", 128}});
+  // The MoE gate/up k-splits finished by the last item of each tile (the
+  // defaults add them by atomics into the layer's buffer, which the layer
+  // after zeroes), on 3 SMs and on 32.
+  golden_through_emu("kimi-top8.safetensors", {{"moe_reduce", "last"}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
+  golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"moe_reduce", "last"}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
@@ -246,6 +253,20 @@ TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed
   oracle_through_emu(cfg, {{"stages", 4}, {"feed", "loader"}}, "12");
 }
 
+TEST_CASE("emulated CUDA megakernel with an odd number of layers starts every launch's gate/up sums at zero") {
+  // The MoE gate/up items add their sums into one of two buffers (by the
+  // layer's parity), and each buffer is zeroed after its down phase read it.
+  // With three layers the next launch's layer 0 takes the buffer the last
+  // layer used: three steps in a row (one launch each) against the oracle.
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+  cfg.name = "tiny-three-layers";
+  cfg.pattern = "KKM";
+  REQUIRE_MESSAGE(cfg.check(&err), err);
+  oracle_through_emu(cfg, {{"moe_reduce", "atomic"}});
+}
+
 TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {
   kimi::GoldenFile g;
   if (!load_golden("kimi-tiny.safetensors", &g)) return;
@@ -260,17 +281,19 @@ TEST_CASE("emulated profiled megakernel stamps every block's arrival at each gri
   std::vector<uint64_t> t;
   REQUIRE_MESSAGE(be.read_trace(&t, &err), err);
   unsetenv("KTUNE_EMU_SMS");
-  // One record per barrier and per routing event block 0 stamped (points 12
-  // and 2-5), in that order; every block writes each barrier's and all but
-  // the router-row event (only blocks with router rows write that one).
+  // One record per barrier and per routing event block 0 stamped (points 12,
+  // 2-5 and 14-15), in that order; every block writes each barrier's and
+  // most events; the router-row event only blocks with router rows, the
+  // first routed item's two only blocks with a routed item.
+  auto is_event = [](int point) { return (point >= 2 && point <= 5) || point == 14 || point == 15; };
   std::vector<int> points;
   for (const json& s : measure::trace_stamps(t)) {
     const int tag = s[0].get<int>(), point = (tag - 1024) % 16;
-    if (tag >= 1024 && (point == 12 || (point >= 2 && point <= 5))) points.push_back(point);
+    if (tag >= 1024 && (point == 12 || is_event(point))) points.push_back(point);
   }
   json arrivals = measure::barrier_arrivals(t);
   CHECK(std::count(points.begin(), points.end(), 12) >= 4 * 4);  // at least four barriers per layer
-  for (int event = 2; event <= 5; ++event) CHECK(std::count(points.begin(), points.end(), event) == cfg.layers());
+  for (int event : {2, 3, 4, 5, 14, 15}) CHECK(std::count(points.begin(), points.end(), event) == cfg.layers());
   REQUIRE(arrivals.size() == points.size());
   uint64_t previous_last = 0;
   for (size_t k = 0; k < points.size(); ++k) {
@@ -284,8 +307,8 @@ TEST_CASE("emulated profiled megakernel stamps every block's arrival at each gri
     CHECK(first >= previous_last);  // nobody passes before everyone arrived at the barrier before
     int stamped = 0;
     for (int b = 0; b < 512; ++b) stamped += t[1024 + k * 512 + b] != 0;
-    if (points[k] == 3)
-      CHECK(stamped >= 1);  // the blocks with router rows
+    if (points[k] == 3 || points[k] == 14 || points[k] == 15)
+      CHECK(stamped >= 1);  // the blocks with router rows, or with a routed item
     else
       CHECK(stamped == 3);
     if (points[k] == 12) previous_last = last;

@@ -86,6 +86,11 @@ KnobSpace cuda_mega_space() {
        "o_proj and down k-splits: the last item of a tile (an atomic counter) sums the partials in order and "
        "adds the residual, or every item adds its sums into an fp32 vector by atomics (their order, so the "
        "last bits, vary) and the next phase's input staging adds the residual"},
+      {"moe_reduce", "KT_MOE_REDUCE", {"last", "atomic"}, "atomic",
+       "MoE gate/up k-splits (the shared experts' lead tiles): the last item of a tile sums the partials (an "
+       "atomic counter and the others' partials on its path), or every item adds its sums into the layer's fp32 "
+       "gate/up vector by atomics (their order, so the last bits, vary), which the down phase's staging reads "
+       "after the barrier"},
       {"numbering", "KT_NUMBERING", {"barrier", "launch"}, "barrier",
        "how a block numbers a GEMV phase's items (split_for's search): at the barrier before the phase, between "
        "its arrival and the grid's (the last block to arrive starts the phase after it; a copy of the search per "

@@ -65,7 +65,11 @@
 // fire-and-forget atomics, and the next phase's input staging adds the
 // residual, so no item waits on a counter or on the other items' partials;
 // the sums' order, so their last bits, then vary from run to run:
-// stage_carried), KT_FEED (with KT_STAGES: 0, every thread cp.asyncs
+// stage_carried), KT_MOE_REDUCE (1: the MoE gate/up items, the shared
+// experts' k-split lead tiles among them, add their sums into the layer's
+// fp32 gate/up buffer with atomics, so no lead item waits on a counter
+// before its block reaches its routed tile; the down phase's staging reads
+// them; 0: the last item of a tile sums the partials), KT_FEED (with KT_STAGES: 0, every thread cp.asyncs
 // 16-byte pieces of the weights as stored; 1, thread 0 bulk-copies whole
 // stages, one 8.5-KB copy each, from a copy of the weights that the prepare
 // kernel ktune_k1 repacks once per load into stages (nibbles in mma fragment
@@ -118,6 +122,7 @@ static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
 static_assert(KT_NUMBERING == 0 || KT_NUMBERING == 1, "numbering");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
+static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
               "feed bulk, next, stream or loader: stages > 0, dequant mma");
 static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
@@ -143,7 +148,10 @@ struct alignas(16) Scratch {
   alignas(16) float attn_m[kMaxChunks * MH];
   alignas(16) float attn_l[kMaxChunks * MH];
   alignas(16) uint16_t logits[E > 8 ? E : 8];
-  alignas(16) float gu[SLOTS * 2 * I];
+  // The MoE's gate and up sums, one buffer per layer parity: with
+  // KT_MOE_REDUCE 1 the items add into the layer's, which the next layer
+  // (or the next launch) zeroes when it starts.
+  alignas(16) float gu[2][SLOTS * 2 * I];
   alignas(16) float partials[kMaxItems * TILE];
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
@@ -277,6 +285,7 @@ struct Ctx {
   // the whole context in local memory).
   int next_n = 0, next_g0 = 0, next_seg_groups = 1, next_seg0 = 0;
   unsigned long long row_at = 0;  // profile: when this block published its router rows this layer (thread 0)
+  unsigned long long routed_at = 0;  // profile: when warp 0 computed this block's first routed gate/up item this layer
   ItemPlan plan;         // the numbering of GEMV phase plan_phase (a gemv_phases index), if barrier_before made it
   int plan_phase = -1;
 };
@@ -284,9 +293,9 @@ struct Ctx {
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
 // layer * 16 + phase, and at points inside it (kPhase* below), tag 1024 +
 // (layer * 16 + phase) * 16 + point (see kPhaseNames in agent/bench.cc).
-// Points 2-5 are the MoE routing's events (stamp_event), which every block
-// records; points 6-8 are block 0's router-row item and its first w_uv
-// item's staging. The runner's trace holds 512 stamps.
+// Points 2-5 and 14-15 are the MoE routing's events (stamp_event), which
+// every block records; points 6-8 are block 0's router-row item and its
+// first w_uv item's staging. The runner's trace holds 512 stamps.
 constexpr int kPhaseItem = 9, kPhaseItemComputed = 10, kPhaseItemDone = 11, kPhaseBarrier = 12,
               kPhasePrefetch = 13;
 KT_DEV void stamp(Ctx& c, int layer, int phase, bool event = false) {
@@ -344,6 +353,7 @@ KT_DEV void stamp_arrival(Ctx& c) {
 // the arrivals); `at` as in stamp_all_blocks (~0: this block has none).
 // Every block passes each event once a layer, so the records stay aligned.
 constexpr int kEventStaged = 2, kEventRowPublished = 3, kEventLogitsSeen = 4, kEventRouted = 5;
+constexpr int kEventRoutedStart = 14, kEventRoutedComputed = 15;  // the block's first routed gate/up item
 constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
 constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
 constexpr int kPointChunksWeighed = 8;  // block 0 only: that item's chunk weights (weigh_chunks)
@@ -1364,6 +1374,7 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   if (first) stamp(c, c.layer, kPhaseItem);
   item_sums(c, p, tile, item.kc0, item.kc1);
   if (first) stamp(c, c.layer, kPhaseItemComputed);
+  p.after_sums(c, tile);
   // The epilogue's own loads (a residual, the conv windows) go out now: their
   // round trip overlaps the k-split hand-off instead of following it.
   const typename P::Operands ops = p.operands(c, tile);
@@ -1371,11 +1382,11 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   float y = 0;
   if (c.tid < TILE)
     for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
-  if (float* sums = p.carry_sums()) {
-    // KT_REDUCE 1: the next phase's staging reads the sums (stage_carried);
-    // the grid barrier before it publishes these atomics.
-    const int n = tile * TILE + c.tid;
-    if (c.tid < TILE && n < D) atomicAdd(sums + n, y);
+  if (float* sums = p.tile_sums(c, tile)) {
+    // KT_REDUCE 1, KT_MOE_REDUCE 1: the next phase's staging reads the sums
+    // (stage_carried, DownPhase::stage); the grid barrier before it
+    // publishes these atomics.
+    if (c.tid < TILE) atomicAdd(sums + c.tid, y);
     kt_block_sync();  // every warp's row of red was read: the block's next item clears them
     if (first) stamp(c, c.layer, kPhaseItemDone);
     return;
@@ -1639,6 +1650,7 @@ struct PhaseDefaults {
   KT_DEV void stage(Ctx&, int, int, int) {}
   KT_DEV void before_tile(Ctx&, int) {}
   KT_DEV void after_epilogue(Ctx&, int) {}
+  KT_DEV void after_sums(Ctx&, int) {}  // profile: warp 0 has the item's sums (every thread its warp's)
   // What a tile's epilogue loads besides the sums, loaded by the threads
   // that run it (c.tid < TILE) before the hand-off (gemv_item).
   struct Operands {};
@@ -1648,6 +1660,9 @@ struct PhaseDefaults {
   // experts' only once this block has selected them).
   KT_DEV bool feedable(const Ctx&, int) const { return true; }
   KT_DEV float* carry_sums() const { return nullptr; }  // KT_REDUCE 1: where it leaves its sums for the next staging
+  // Where a tile's items add their sums by atomics (no k-split hand-off; the
+  // epilogue is then the next phase's), or nullptr.
+  KT_DEV float* tile_sums(const Ctx&, int) const { return nullptr; }
 };
 
 // ---- K layer ------------------------------------------------------------------
@@ -1821,6 +1836,7 @@ struct OprojPhase : PhaseDefaults {
   KT_DEV int seg_chunks(int) const { return m.K / CHUNK; }
   KT_DEV Seg seg(int tile, int) const { return m.seg_at(tile); }
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
+  KT_DEV float* tile_sums(const Ctx&, int tile) const { return KT_REDUCE == 1 && sums ? sums + tile * TILE : nullptr; }
   using Operands = Residual;
   KT_DEV Operands operands(const Ctx& c, int tile) const { return residual_of(c, x, tile); }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r); }
@@ -2299,12 +2315,17 @@ struct MoeAPhase : PhaseDefaults {
     if (KT_PROFILE && c.tid == 0) c.row_at = kt_globaltimer();
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
-    if (tile >= SHARED_TILES) route(c);
+    if (tile >= SHARED_TILES) route(c, true);
+  }
+  KT_DEV void after_sums(Ctx& c, int tile) {
+    if (KT_PROFILE && tile >= SHARED_TILES && !c.routed_at) c.routed_at = kt_globaltimer();
   }
   // Waits for the router logits, then selects this layer's experts (once);
   // with the loader warp (KT_FEED 4), waits for its selection (loader_route).
-  KT_DEV void route(Ctx& c) {
+  // tiles: the block goes on with its first routed tile (profile).
+  KT_DEV void route(Ctx& c, bool tiles = false) {
     if (c.routed) return;
+    stamp_event(c, kEventRoutedStart, tiles ? 0 : ~0ull);
     stamp_event(c, kEventRowPublished, c.row_at ? c.row_at : ~0ull);
     c.row_at = 0;
 #if KT_FEED == 4
@@ -2325,11 +2346,15 @@ struct MoeAPhase : PhaseDefaults {
     kt_block_sync();
     c.routed = true;
   }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
+  KT_DEV float* gu_tile(const Ctx& c, int tile) const {
     int slot, up;
     slot_of(tile, &slot, &up);
-    if (c.tid < TILE) c.s->gu[(slot * 2 + up) * I + (tile % IT) * TILE + c.tid] = y[c.tid];
+    return &c.s->gu[layer % 2][(slot * 2 + up) * I + (tile % IT) * TILE];
   }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
+    if (c.tid < TILE) gu_tile(c, tile)[c.tid] = y[c.tid];
+  }
+  KT_DEV float* tile_sums(const Ctx& c, int tile) const { return KT_MOE_REDUCE == 1 ? gu_tile(c, tile) : nullptr; }
 };
 
 KT_DEV Seg MoeAPhase::seg(int tile, int) const {
@@ -2351,7 +2376,9 @@ struct DownPhase : PhaseDefaults {
   const uint16_t* h;
   uint16_t* out;
   float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
+  const float* gu;  // the layer's gate and up sums (Scratch::gu)
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
+  KT_DEV float* tile_sums(const Ctx&, int tile) const { return KT_REDUCE == 1 && sums ? sums + tile * TILE : nullptr; }
   KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }  // seg() reads the block's routing
   KT_DEV int plan_kind() const { return kPlanDown; }
   KT_DEV int tiles() const { return D / TILE; }
@@ -2375,8 +2402,8 @@ struct DownPhase : PhaseDefaults {
       for (int b = 0; b < B; ++b) {
         const int q = base + c.tid + b * THREADS, s = 4 * q / I, i = 4 * q % I;
         if (q < q1) {
-          g[b] = kt_ld_cg(reinterpret_cast<const float4*>(&c.s->gu[(s * 2) * I + i]));
-          u[b] = kt_ld_cg(reinterpret_cast<const float4*>(&c.s->gu[(s * 2 + 1) * I + i]));
+          g[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(s * 2) * I + i]));
+          u[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(s * 2 + 1) * I + i]));
         }
       }
 #pragma unroll
@@ -2448,13 +2475,15 @@ KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint1
 KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, const uint16_t* x, uint16_t* x_next) {
   const KtMoeLayer& L = Ly.moe;
   DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next,
-                 layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr};
+                 layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr, c.s->gu[layer % 2]};
   stamp(c, layer, 5);
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
   stamp_event(c, kEventStaged);
   c.routed = false;
   run_gemv_phase_before(c, moe_a, down);
   moe_a.route(c);  // every block needs the routing for the down phase
+  stamp_event(c, kEventRoutedComputed, c.routed_at ? c.routed_at : ~0ull);
+  c.routed_at = 0;
   barrier_before(c, down);
   stamp(c, layer, 7);
 #if KT_FEED == 3
@@ -2495,7 +2524,7 @@ KT_DEV void make_plans(Ctx& c) {
       case kPlanOprojM: sh = shape_of(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
       case kPlanWuv: sh = shape_of(WuvPhase{{0}, L0.mla, 0}); break;
       case kPlanMoeA: sh = shape_of(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
-      default: sh = shape_of(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr}); break;
+      default: sh = shape_of(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr}); break;
     }
     const ItemPlan pl = number_items(sh);
     if (c.lane == 0) c.sm->plans[kind] = pl;
@@ -2564,7 +2593,7 @@ KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
 // follow the gate/up phase's last at once.
 KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
   const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
-  const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr};
+  const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr};
   ItemPlan down_plan;
   bool planned = false;
   feed_items(c, up, ItemMap(number_items(up)), [&](const Item& item) {
@@ -2791,6 +2820,15 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     }
     MoeAPhase next_moe{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk};
+    // KT_MOE_REDUCE 1: the gate/up sums of the layer before (of the last
+    // launch's last layer, at layer 0) start again at zero. Its down phase
+    // read them; the barrier above (the launch boundary) ended it, and the
+    // next layer to add into that buffer comes after this layer's barriers.
+    if (KT_MOE_REDUCE == 1) {
+      const int spent = layer > 0 ? (layer - 1) % 2 : (KT_LAYERS - 1) % 2;
+      for (int i = int(blockIdx.x) * THREADS + c.tid; i < SLOTS * 2 * I; i += int(gridDim.x) * THREADS)
+        c.s->gu[spent][i] = 0.0f;
+    }
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
       QkvgPhase qkvg{{layer_repack(layer)}, L, layer};
