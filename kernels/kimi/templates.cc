@@ -27,6 +27,10 @@ KnobSpace cuda_mega_space() {
        "weight loads: plain (L1-cached), or streaming past L1 with an evict-first L2 policy"},
       {"prefetch", "KT_PREFETCH", {0, 1}, 0,
        "prefetch the next phase's weights into L2 before waiting at a grid barrier"},
+      {"launch_prefetch", "KT_LAUNCH_PREFETCH", {0, 1}, 1,
+       "with the loader warp: when it has issued the launch's last stages, it prefetches into L2 the stages "
+       "its block's ring starts the next launch with (layer 0's first GEMV phase), which otherwise all come "
+       "from DRAM at once while the consumers wait"},
       {"attn_heads", "KT_ATTN_HEADS", {4, 8, 16, 32}, 16, "MLA heads per attention work item"},
       {"attn", "KT_ATTN", {"fma", "mma"}, "mma",
        "attention scores and weighted sums on fp32 FMAs with warp shuffles, or on bf16 tensor-core mma "
@@ -110,6 +114,7 @@ KnobSpace cuda_mega_space() {
   auto register_path = [](const json& p) { return p["stages"].get<int>() == 0; };
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
+  when("launch_prefetch", [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   for (const char* k : {"attn_rows", "attn_depth"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {

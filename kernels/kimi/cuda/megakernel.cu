@@ -69,7 +69,9 @@
 // experts' k-split lead tiles among them, add their sums into the layer's
 // fp32 gate/up buffer with atomics, so no lead item waits on a counter
 // before its block reaches its routed tile; the down phase's staging reads
-// them; 0: the last item of a tile sums the partials), KT_FEED (with KT_STAGES: 0, every thread cp.asyncs
+// them; 0: the last item of a tile sums the partials), KT_LAUNCH_PREFETCH
+// (1, with the loader warp: the next launch's first stages of this block
+// prefetched into L2 once this launch's are issued), KT_FEED (with KT_STAGES: 0, every thread cp.asyncs
 // 16-byte pieces of the weights as stored; 1, thread 0 bulk-copies whole
 // stages, one 8.5-KB copy each, from a copy of the weights that the prepare
 // kernel ktune_k1 repacks once per load into stages (nibbles in mma fragment
@@ -123,6 +125,7 @@ static_assert(KT_NUMBERING == 0 || KT_NUMBERING == 1, "numbering");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
+static_assert(KT_LAUNCH_PREFETCH == 0 || KT_LAUNCH_PREFETCH == 1, "launch_prefetch");
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
               "feed bulk, next, stream or loader: stages > 0, dequant mma");
 static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
@@ -2607,6 +2610,23 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
   feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
 }
 
+// The next launch starts with layer 0's first GEMV phase and an empty ring:
+// every block's first STAGES stages come from DRAM at once (~13 MB, ~3 us)
+// while the consumers wait. Those stages are static, so the loader, done with
+// this launch's stages, prefetches its block's into L2 (bulk prefetches; the
+// last phase's stages are in flight or in the ring by then).
+template <class P>
+KT_DEV void prefetch_first_stages(Ctx& c, const P& p) {
+  const ItemMap map(number_items(p));
+  int n = 0;
+  for (int it = int(blockIdx.x); it < map.items && n < STAGES; it += int(gridDim.x)) {
+    if (it < map.rows) continue;
+    const Item item = map.item(it);
+    for (int g = item.kc0 / STAGE_CHUNKS; g < item.kc1 / STAGE_CHUNKS && n < STAGES; ++g, ++n)
+      if (feeds(c)) kt_prefetch_l2_bulk(c.a.scratch + stage_offset(p, item.tile, g), unsigned(sizeof(Stage)));
+  }
+}
+
 KT_DEV void loader_main(Ctx& c) {
   unsigned m_layers = 0;
   for (int layer = 0; layer < KT_LAYERS; ++layer) {
@@ -2621,6 +2641,13 @@ KT_DEV void loader_main(Ctx& c) {
     }
     load_moe(c, layer, Ly.moe);
   }
+#if KT_LAUNCH_PREFETCH
+  const KtLayer& L0 = c.a.layers[0];
+  if (m_layer(0))
+    prefetch_first_stages(c, Mla1Phase{{layer_repack(0)}, L0.mla, c.a.context});
+  else
+    prefetch_first_stages(c, QkvgPhase{{layer_repack(0)}, L0.kda, 0});
+#endif
 }
 #endif
 
