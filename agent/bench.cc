@@ -79,6 +79,7 @@ struct Row {
   Variant v;
   Measurement m;
   bool ok = false;
+  std::string artifact;  // the built variant, loaded again for each round
 };
 
 const json* timing_at(const Measurement& m, int ctx) {
@@ -319,6 +320,58 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
   }
 }
 
+// --rounds: after validation, every variant that passed is timed `rounds`
+// times, each round loading them in turn, so that a slow drift of the
+// machine (seen at 2-5 us between device calls) falls on all of them alike.
+// Each context's median_us becomes the median of the rounds' medians;
+// rounds_us keeps them in order.
+void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpec& spec, int rounds,
+                    std::vector<Row>* rows) {
+  for (int round = 0; round < rounds; ++round)
+    for (Row& r : *rows) {
+      if (!r.ok) continue;
+      Measurement t;
+      if (!ev.load(r.artifact, &t) || !ev.time(cfg.timed_contexts, spec.warmup, spec.samples, &t)) {
+        r.ok = false;
+        r.m.outcome = t.outcome;
+        r.m.error = "round " + std::to_string(round + 1) + ": " + t.error;
+        continue;
+      }
+      if (round == 0) {
+        r.m.timings = t.timings;
+        r.m.time_s = 0;
+      }
+      r.m.time_s += t.time_s;
+      for (json& row : r.m.timings) {
+        const json* now = timing_at(t, row.value("context", -1));
+        if (!row.contains("rounds_us")) row["rounds_us"] = json::array();
+        row["rounds_us"].push_back(now ? now->value("median_us", 0.0) : 0.0);
+      }
+    }
+  for (Row& r : *rows)
+    for (json& row : r.m.timings) {
+      std::vector<double> v = row.value("rounds_us", std::vector<double>{});
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      row["median_us"] = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    }
+}
+
+void print_rounds(const std::vector<Row>& rows, const kimi::KimiConfig& cfg) {
+  std::printf("\neach round's median (us), in the order timed:\n");
+  for (const Row& r : rows) {
+    if (!r.ok) continue;
+    std::printf("%-14s", r.name.c_str());
+    for (auto [ctx, steps] : cfg.timed_contexts) {
+      const json* t = timing_at(r.m, ctx);
+      std::printf("  %d:", ctx);
+      if (t)
+        for (double us : t->value("rounds_us", std::vector<double>{})) std::printf(" %.1f", us);
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int run_probe(const std::string& backend, const std::string& size, const std::string& runner) {
@@ -414,16 +467,20 @@ int run_bench(const BenchOptions& o) {
       std::printf("%s\n", br.log.substr(0, 4000).c_str());
       continue;
     }
+    r.artifact = br.artifact;
     r.ok = ev.load(br.artifact, &r.m) && ev.validate(cases, r.v.max_launches, &r.m) &&
-           ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m);
-    std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, time %.1f s\n",
-                r.m.outcome.c_str(), r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches,
-                r.m.declared_launches, r.m.validate_s, r.m.time_s);
+           (o.rounds > 1 || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m));
+    std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, time %s\n", r.m.outcome.c_str(),
+                r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches, r.m.declared_launches, r.m.validate_s,
+                o.rounds > 1 ? "in rounds, after every variant is validated"
+                             : (std::to_string(r.m.time_s).substr(0, 4) + " s").c_str());
     std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_cosines(r.m).dump().c_str());
     int mism = 0;
     for (auto& c : r.m.cases) mism += !c.experts_match;
     std::printf("  cases with other experts than the oracle: %d\n", mism);
   }
+
+  if (o.rounds > 1) time_in_rounds(ev, b.cfg, b.spec, o.rounds, &rows);
 
   // The table: one row per context, everything from this run.
   json results = {{"probes", probes}, {"facts", b.runner.facts()}, {"bandwidth_gb_s", bw}, {"rows", json::array()},
@@ -451,9 +508,10 @@ int run_bench(const BenchOptions& o) {
                                {"launches_baseline", base ? base->m.launches : -1},
                                {"launches_megakernel", m.m.launches}});
   }
-  std::printf("(medians over %d samples per context after %d warm-up steps; floor = bytes per step / %.0f GB/s; "
+  std::printf("(medians over %d samples per context after %d warm-up steps%s; floor = bytes per step / %.0f GB/s; "
               "launches counted per step by %s)\n",
-              b.spec.samples, b.spec.warmup, bw,
+              b.spec.samples, b.spec.warmup,
+              o.rounds > 1 ? (", the median of " + std::to_string(o.rounds) + " rounds' medians").c_str() : "", bw,
               b.spec.name == "cuda" ? ("CUPTI: " + b.runner.facts().value("cupti", std::string("?"))).c_str()
                                     : "the runner");
   // Every megakernel variant side by side (the levers), same run, same method.
@@ -472,6 +530,7 @@ int run_bench(const BenchOptions& o) {
                   r.ok ? "" : ("  [" + r.m.outcome + ": " + r.m.error.substr(0, 80) + "]").c_str());
     }
   }
+  if (o.rounds > 1) print_rounds(rows, b.cfg);
   // Where a step's time goes: each megakernel variant rebuilt with profile
   // stamps, stepped at each context; a phase's time runs from its start to
   // the next phase's start (its barrier wait included).

@@ -23,6 +23,7 @@ struct BenchOptions {
   std::string runner;
   std::string json_out;         // also write the results here
   bool with_baseline = true;
+  int rounds = 1;               // times each variant is timed, in turn with the others (A B A B ...)
 };
 
 int run_probe(const std::string& backend, const std::string& size, const std::string& runner);

@@ -227,6 +227,11 @@ int main(int argc, char** argv) {
   bench->add_option("--seeds", bo.seeds, "validation seeds per context")->default_val(3);
   bench->add_option("--json", bo.json_out, "also write the results as JSON");
   bench->add_flag("!--no-baseline", bo.with_baseline, "skip the baseline");
+  bench->add_option("--rounds", bo.rounds,
+                    "time the variants this many times in turn (A B A B ...); each one's figure is the median of "
+                    "its rounds' medians, so a drift of the machine falls on all of them alike")
+      ->default_val(1)
+      ->check(CLI::Range(1, 100));
   bench->add_option("--runner", bo.runner);
   bench->callback([&] {
     bo.backend = backend == "auto" ? default_backend() : backend;
