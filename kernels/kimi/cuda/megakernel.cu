@@ -356,7 +356,7 @@ KT_DEV void stamp_arrival(Ctx& c) {
 // the arrivals); `at` as in stamp_all_blocks (~0: this block has none).
 // Every block passes each event once a layer, so the records stay aligned.
 constexpr int kEventStaged = 2, kEventRowPublished = 3, kEventLogitsSeen = 4, kEventRouted = 5;
-constexpr int kEventRoutedStart = 14, kEventRoutedComputed = 15;  // the block's first routed gate/up item
+constexpr int kEventRoutedReached = 14, kEventRoutedComputed = 15;  // the block's first routed gate/up item
 constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
 constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
 constexpr int kPointChunksWeighed = 8;  // block 0 only: that item's chunk weights (weigh_chunks)
@@ -2328,7 +2328,7 @@ struct MoeAPhase : PhaseDefaults {
   // tiles: the block goes on with its first routed tile (profile).
   KT_DEV void route(Ctx& c, bool tiles = false) {
     if (c.routed) return;
-    stamp_event(c, kEventRoutedStart, tiles ? 0 : ~0ull);
+    stamp_event(c, kEventRoutedReached, tiles ? 0 : ~0ull);
     stamp_event(c, kEventRowPublished, c.row_at ? c.row_at : ~0ull);
     c.row_at = 0;
 #if KT_FEED == 4
