@@ -11,6 +11,7 @@
 #include "base/fs.h"
 #include "base/sha256.h"
 #include "kernels/kimi/templates.h"
+#include "measure/stats.h"
 #include "traces/store.h"
 
 namespace ktune::agent {
@@ -349,12 +350,8 @@ void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpe
       }
     }
   for (Row& r : *rows)
-    for (json& row : r.m.timings) {
-      std::vector<double> v = row.value("rounds_us", std::vector<double>{});
-      if (v.empty()) continue;
-      std::sort(v.begin(), v.end());
-      row["median_us"] = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    }
+    for (json& row : r.m.timings)
+      if (row.contains("rounds_us")) row["median_us"] = measure::summarize(row["rounds_us"].get<std::vector<double>>()).median;
 }
 
 void print_rounds(const std::vector<Row>& rows, const kimi::KimiConfig& cfg) {
