@@ -118,20 +118,25 @@ const char* kPhaseNames[] = {"qkvg / q,kv_a",
                              "  . waiting at the grid barrier",
                              "  . L2 prefetch of the next phase"};
 constexpr int kLastPhase = 13;
-// Points 2-5: the MoE routing's events, which every block records
-// (megakernel.cu, kEvent*); points 6-8: block 0's router-row item and its
-// first w_uv item's staging.
-// Points 14-15: the block reaches its first routed gate/up item (done with the items before it), and
-// warp 0 has that item's sums (every block).
-constexpr int kFirstEvent = 2, kLastEvent = 5;
-const char* kEventNames[] = {"  . input staged", "  . router rows published", "  . all logits seen",
-                             "  . experts selected"};
-bool is_event(int point) { return (point >= kFirstEvent && point <= kLastEvent) || point == 14 || point == 15; }
+// The MoE routing's events, which every block records (megakernel.cu,
+// kEvent*), by point; points 6-8 are block 0's router-row item and its first
+// w_uv item's staging.
+struct EventPoint {
+  int point;
+  const char* name;
+};
+const EventPoint kEvents[] = {{2, "  . input staged"},
+                              {3, "  . router rows published"},
+                              {4, "  . all logits seen"},
+                              {5, "  . experts selected"},
+                              {14, "  . first routed item reached"},  // done with the block's items before it
+                              {15, "  . first routed item computed"}};  // warp 0 has its sums
 const char* event_name(int point) {
-  if (point == 14) return "  . first routed item reached";
-  if (point == 15) return "  . first routed item computed";
-  return kEventNames[point - kFirstEvent];
+  for (const EventPoint& e : kEvents)
+    if (e.point == point) return e.name;
+  return nullptr;
 }
+bool is_event(int point) { return event_name(point) != nullptr; }
 const char* point_name(int point) {
   if (point == 0) return "  . start, input staging";
   if (point == 6) return "  . block 0's router rows";
@@ -338,10 +343,7 @@ void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpe
         r.m.error = "round " + std::to_string(round + 1) + ": " + t.error;
         continue;
       }
-      if (round == 0) {
-        r.m.timings = t.timings;
-        r.m.time_s = 0;
-      }
+      if (round == 0) r.m.timings = t.timings;
       r.m.time_s += t.time_s;
       for (json& row : r.m.timings) {
         const json* now = timing_at(t, row.value("context", -1));
@@ -467,10 +469,12 @@ int run_bench(const BenchOptions& o) {
     r.artifact = br.artifact;
     r.ok = ev.load(br.artifact, &r.m) && ev.validate(cases, r.v.max_launches, &r.m) &&
            (o.rounds > 1 || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m));
-    std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, time %s\n", r.m.outcome.c_str(),
-                r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches, r.m.declared_launches, r.m.validate_s,
-                o.rounds > 1 ? "in rounds, after every variant is validated"
-                             : (std::to_string(r.m.time_s).substr(0, 4) + " s").c_str());
+    std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, ", r.m.outcome.c_str(),
+                r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches, r.m.declared_launches, r.m.validate_s);
+    if (o.rounds > 1)
+      std::printf("timed in rounds once every variant is validated\n");
+    else
+      std::printf("time %.1f s\n", r.m.time_s);
     std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_cosines(r.m).dump().c_str());
     int mism = 0;
     for (auto& c : r.m.cases) mism += !c.experts_match;
