@@ -89,14 +89,16 @@ const json* timing_at(const Measurement& m, int ctx) {
   return nullptr;
 }
 
-// The worst cosine per output over the validation cases.
-json worst_cosines(const Measurement& m) {
+// The worst value of a metric per kind of output over the validation cases:
+// the lowest cosine, the highest relative L2 error (both are gated).
+json worst_of(const Measurement& m, const char* metric) {
+  const bool lowest = std::string(metric) == "cosine";
   json w = json::object();
   for (const auto& c : m.cases)
     for (auto& [name, s] : c.metrics.items()) {
       std::string kind = name.find('.') == std::string::npos ? name : name.substr(name.find('.') + 1);
-      double cos = s.value("cosine", 0.0);
-      if (!w.contains(kind) || cos < w[kind].get<double>()) w[kind] = cos;
+      const double v = s.value(metric, lowest ? 0.0 : 1e9);
+      if (!w.contains(kind) || (lowest ? v < w[kind].get<double>() : v > w[kind].get<double>())) w[kind] = v;
     }
   return w;
 }
@@ -475,7 +477,8 @@ int run_bench(const BenchOptions& o) {
       std::printf("timed in rounds once every variant is validated\n");
     else
       std::printf("time %.1f s\n", r.m.time_s);
-    std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_cosines(r.m).dump().c_str());
+    std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_of(r.m, "cosine").dump().c_str());
+    std::printf("  worst relative L2 error: %s\n", worst_of(r.m, "rel_l2").dump().c_str());
     int mism = 0;
     for (auto& c : r.m.cases) mism += !c.experts_match;
     std::printf("  cases with other experts than the oracle: %d\n", mism);
@@ -489,7 +492,8 @@ int run_bench(const BenchOptions& o) {
   for (const Row& r : rows)
     results["variants"].push_back({{"name", r.name}, {"id", r.v.id}, {"knobs", r.v.knobs}, {"outcome", r.m.outcome},
                                    {"error", r.m.error}, {"launches_per_step", r.m.launches},
-                                   {"worst_cosine", worst_cosines(r.m)}, {"timings", r.m.timings}});
+                                   {"worst_cosine", worst_of(r.m, "cosine")},
+                                   {"worst_rel_l2", worst_of(r.m, "rel_l2")}, {"timings", r.m.timings}});
   const Row* base = o.with_baseline ? &rows[0] : nullptr;
   const Row& m = rows[o.with_baseline ? 1 : 0];
   std::printf("\n%-8s %14s %14s %10s %9s %9s %14s\n", "context", "baseline us", "megakernel us", "floor us",

@@ -175,7 +175,8 @@ class CudaBackend : public RunnerBackend {
     // variant is loaded here; were one loaded, its prepare table would run
     // again on the new weights, as abi.h promises.
     return alloc(&x_[0], cfg_.hidden, err) && alloc(&x_[1], cfg_.hidden, err) &&
-           alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err) && (!module_ || reset_scratch(err));
+           alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err) &&
+           alloc(&attn_out_, size_t(cfg_.layers()) * cfg_.attn_out_stride(), err) && (!module_ || reset_scratch(err));
   }
 
   bool load(const std::string& artifact, std::string* err) override {
@@ -229,7 +230,8 @@ class CudaBackend : public RunnerBackend {
     current_ = 0;
     return put(x_[0], token, err) &&
            check(cudaMemset(x_[1], kPoisonByte, size_t(cfg_.hidden) * 2), "poison", err) &&
-           check(cudaMemset(topk_, 0xff, size_t(cfg_.layers()) * cfg_.n_active * sizeof(int)), "poison", err);
+           check(cudaMemset(topk_, 0xff, size_t(cfg_.layers()) * cfg_.n_active * sizeof(int)), "poison", err) &&
+           check(cudaMemset(attn_out_, kPoisonByte, size_t(cfg_.layers()) * cfg_.attn_out_stride() * 2), "poison", err);
   }
 
   StepStatus step(int context, bool count_launches) override {
@@ -239,6 +241,7 @@ class CudaBackend : public RunnerBackend {
     args_.x_out = x_[1 - current_];
     args_.context = context;
     args_.topk_out = topk_;
+    args_.attn_out = attn_out_;
     args_.scratch = static_cast<uint8_t*>(scratch_);
     args_.trace = reinterpret_cast<float*>(trace_);
     if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
@@ -266,12 +269,17 @@ class CudaBackend : public RunnerBackend {
     out->topk.assign(cfg_.layers(), {});
     out->ckv_row.assign(cfg_.layers(), {});
     out->krope_row.assign(cfg_.layers(), {});
+    out->attn_out.assign(cfg_.layers(), {});
     std::vector<int> topk(size_t(cfg_.layers()) * cfg_.n_active);
     if (!get(&out->hidden, x_[current_], cfg_.hidden, err) || !get(&topk, topk_, topk.size(), err)) return false;
     for (int i = 0; i < cfg_.layers(); ++i) {
       kimi::LayerState& L = st->layers[i];
       const KtLayer& d = args_.layers[i];
       out->topk[i].assign(topk.begin() + size_t(i) * cfg_.n_active, topk.begin() + size_t(i + 1) * cfg_.n_active);
+      if (abi_reports_attn_out(abi_) &&
+          !get(&out->attn_out[i], attn_out_ + size_t(i) * cfg_.attn_out_stride(),
+               size_t(cfg_.is_kda(i) ? cfg_.kda_dim() : cfg_.mla_o_dim()), err))
+        return false;
       if (cfg_.is_kda(i)) {
         size_t w = size_t(3) * cfg_.kda_dim();
         if (!get(&L.S, d.kda.S, size_t(cfg_.kda_heads) * cfg_.kda_head_dim * cfg_.kda_head_dim, err) ||
@@ -327,6 +335,7 @@ class CudaBackend : public RunnerBackend {
         !read_global("ktune_scratch_bytes", scratch, sizeof *scratch, err))
       return false;
     if (!abi_supported(abi, err)) return false;
+    abi_ = abi;
     if (!check_signature(config.data(), kimi::config_signature(cfg_), err)) return false;
     ReadSymbol read = [&](const char* name, void* out, size_t bytes, bool* absent, std::string* e) {
       return read_global(name, out, bytes, e, absent);
@@ -464,6 +473,8 @@ class CudaBackend : public RunnerBackend {
   size_t trace_words_ = 0;
   uint16_t* x_[2] = {nullptr, nullptr};
   int* topk_ = nullptr;
+  uint16_t* attn_out_ = nullptr;  // layers x cfg_.attn_out_stride()
+  int abi_ = 0;                   // the loaded variant's ABI version
   KimiDeviceArgs args_{};
   CUmodule module_ = nullptr;
   std::vector<Resolved> steps_;    // the step's launch table

@@ -41,6 +41,7 @@ class HostMemoryBackend : public RunnerBackend {
   std::vector<uint16_t> x_[2];
   int current_ = 0, last_context_ = 0;
   std::vector<int> topk_;
+  std::vector<uint16_t> attn_out_;  // layers x cfg_.attn_out_stride()
   std::vector<uint8_t> scratch_;
   std::vector<uint64_t> trace_;
   std::unique_ptr<LoadedVariant> variant_;

@@ -32,6 +32,10 @@ bool read_launch_table(const LaunchTableSymbols& t, const ReadSymbol& read, std:
 // KT_ABI_VERSION); false with the reason.
 bool abi_supported(int abi, std::string* err);
 
+// Whether a variant of ABI version `abi` writes attn_out (abi.h: from 3 on),
+// so the runner reports, and validation checks, its attention outputs.
+inline bool abi_reports_attn_out(int abi) { return abi >= 3; }
+
 // An entry's grid in blocks (abi.h: > 0 as given, 0 all that fit on every
 // SM, -n n per SM), given how many blocks fit on one SM.
 int resolve_grid(const KtLaunch& l, int per_sm, int sms);

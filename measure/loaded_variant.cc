@@ -42,6 +42,7 @@ bool LoadedVariant::load(const std::string& path, const std::vector<int>& signat
   if (!abi_supported(*abi, err)) return false;
   if (!check_signature(config, signature, err)) return false;
   scratch_bytes_ = *scratch;
+  abi_version_ = *abi;
   host_step_ = reinterpret_cast<KtHostStepFn>(sym("ktune_host_step"));
   emu_launch_ = reinterpret_cast<KtEmuLaunchFn>(sym("ktune_emu_launch"));
   if (emu_launch_) {

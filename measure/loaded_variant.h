@@ -25,6 +25,7 @@ class LoadedVariant {
   // `signature` is the ktune_config the task expects.
   bool load(const std::string& path, const std::vector<int>& signature, std::string* err);
   long long scratch_bytes() const { return scratch_bytes_; }
+  int abi_version() const { return abi_version_; }
   // Host variants: one decode step.
   KtHostStepFn host_step() const { return host_step_; }
   // Emulated CUDA variants: the step's launch table, the prepare table
@@ -36,6 +37,7 @@ class LoadedVariant {
  private:
   void* handle_ = nullptr;
   long long scratch_bytes_ = 0;
+  int abi_version_ = 0;
   KtHostStepFn host_step_ = nullptr;
   KtEmuLaunchFn emu_launch_ = nullptr;
   std::vector<KtLaunch> launches_;

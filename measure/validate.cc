@@ -75,6 +75,8 @@ bool write_case_outputs(const std::string& path, const kimi::KimiConfig& cfg, co
       put(p + "c_kv_row", DType::BF16, {cfg.kv_lora}, out.ckv_row[i].data());
       put(p + "k_rope_row", DType::BF16, {cfg.qk_rope}, out.krope_row[i].data());
     }
+    if (size_t(i) < out.attn_out.size() && !out.attn_out[i].empty())
+      put(p + "attn_out", DType::BF16, {int64_t(out.attn_out[i].size())}, out.attn_out[i].data());
   }
   return write_safetensors(path, f, err);
 }
@@ -94,6 +96,8 @@ void check_outputs(const kimi::KimiConfig& cfg, const OracleCase& ref, const Ten
     if (s.nonfinite) why = std::to_string(s.nonfinite) + " of " + std::to_string(s.n) + " values NaN/Inf or unwritten";
     else if (s.cosine < gate.min_cosine)
       why = "cosine " + std::to_string(s.cosine) + " < " + std::to_string(gate.min_cosine);
+    else if (!(s.rel_l2 <= gate.max_rel_l2))
+      why = "relative L2 error " + std::to_string(s.rel_l2) + " > " + std::to_string(gate.max_rel_l2);
     if (!why.empty() && out->passed) {
       out->passed = false;
       out->failure = name + ": " + why;
@@ -119,6 +123,14 @@ void check_outputs(const kimi::KimiConfig& cfg, const OracleCase& ref, const Ten
       row.add_bf16(f.find(p + "c_kv_row"), ref.out.ckv_row[i]);
       row.add_bf16(f.find(p + "k_rope_row"), ref.out.krope_row[i]);
       judge(p + "cache_row", row);
+    }
+    // Present when the variant reports it (abi.h, version 3 on); the
+    // runner, not the variant, decides that.
+    const Tensor* t = f.find(p + "attn_out");
+    if (t && size_t(i) < ref.out.attn_out.size()) {
+      Pair o;
+      o.add_bf16(t, ref.out.attn_out[i]);
+      judge(p + "attn_out", o);
     }
     std::set<int> want(ref.out.topk[i].begin(), ref.out.topk[i].end()), got;
     if (topk && topk->numel() == size_t(cfg.layers()) * cfg.n_active)

@@ -1,6 +1,6 @@
 // `ktune bench` (agent/bench.h) through the real binary on the host
-// backend: validation, timing, and --rounds, which times the variants in
-// turn and reports each one's median of its rounds' medians.
+// backend: validation's worst figures, timing, and --rounds, which times the
+// variants in turn and reports each one's median of its rounds' medians.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,6 +35,13 @@ TEST_CASE("bench --rounds times every variant once a round, in turn, and reports
   REQUIRE(results["variants"].size() == 2);
   for (const json& v : results["variants"]) {
     CHECK(v["outcome"] == "ok");
+    // Every gated output, the layers' attention outputs included, with its
+    // worst cosine and relative error over the validation cases.
+    for (const char* output : {"hidden", "S", "conv", "cache_row", "attn_out"}) {
+      INFO(output);
+      CHECK(v["worst_cosine"].value(output, 0.0) > 0.999);
+      CHECK(v["worst_rel_l2"].value(output, 1.0) < 0.05);
+    }
     REQUIRE(!v["timings"].empty());
     for (const json& t : v["timings"]) {
       std::vector<double> rounds = t["rounds_us"].get<std::vector<double>>();

@@ -146,19 +146,31 @@ TEST_CASE("a prepare kernel that hangs is a timeout, one that faults a device_fa
   remove_tree(work);
 }
 
-TEST_CASE("a variant of ABI version 1 (no prepare table) still loads; other versions are refused") {
-  // Sessions recorded before the prepare table carry version 1 in their
-  // sources; replaying or resuming them must still load them.
+TEST_CASE("variants of ABI versions 1 and 2 still load, their attention outputs not reported; others are refused") {
+  // Sessions recorded before the prepare table (version 1) or attn_out
+  // (version 2) carry that version in their sources; replaying or resuming
+  // them must still load them. Their attention outputs go unreported, so
+  // validation does not judge them (validate.h).
   TinyEmu t;
   const kimi::KimiConfig& cfg = t.cfg;
   measure::EmuBackend& be = t.be;
   std::string& err = t.err;
-  REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0, 1), &err), err);
-  CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
+  for (int abi : {1, 2, KT_ABI_VERSION}) {
+    CAPTURE(abi);
+    REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0, abi), &err), err);
+    CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
+    kimi::KimiState st;
+    kimi::StepOutput out;
+    REQUIRE_MESSAGE(be.get_state(&st, &out, &err), err);
+    REQUIRE(out.attn_out.size() == size_t(cfg.layers()));
+    for (int i = 0; i < cfg.layers(); ++i)
+      CHECK(out.attn_out[i].size() == (abi < 3 ? 0u : size_t(cfg.is_kda(i) ? cfg.kda_dim() : cfg.mla_o_dim())));
+  }
   for (int abi : {0, KT_ABI_VERSION + 1}) {
     CAPTURE(abi);
     err.clear();
     CHECK_FALSE(be.load(build_prepare_variant(cfg, 0, abi), &err));
-    CHECK(err == "variant ABI version " + std::to_string(abi) + ", runner speaks 1 to 2");
+    CHECK(err == "variant ABI version " + std::to_string(abi) + ", runner speaks 1 to " +
+                     std::to_string(KT_ABI_VERSION));
   }
 }

@@ -1,5 +1,6 @@
-// Validation (measure/validate.h): the near-tie rule for experts, and the
-// recheck against the oracle routed as the kernel routed.
+// Validation (measure/validate.h): the near-tie rule for experts, the
+// recheck against the oracle routed as the kernel routed, the attention
+// outputs and the gate's relative error.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -187,5 +188,89 @@ TEST_CASE("a near-tie flip whose consequences change later layers' experts is ju
   CHECK(check.passed);
   CHECK(check.routing_note.find("layer(s) 0;") != std::string::npos);  // layer 0 alone flipped
   CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
+  remove_tree(dir);
+}
+
+TEST_CASE("each layer's attention output is checked: dropped, off in scale or unwritten, it fails") {
+  // On random caches the MLA attention moves the hidden output too little
+  // for its cosine to see it (RESULTS.md, "validation blind spot"), so the
+  // runner reports each layer's attention output and validation checks it.
+  Tiny t;
+  const kimi::KimiConfig& cfg = t.w.cfg;
+  const measure::OracleCase ref = measure::compute_oracle_case(t.w, 3, 5);
+  REQUIRE(ref.out.attn_out.size() == size_t(cfg.layers()));
+  int mla = -1;
+  for (int i = 0; i < cfg.layers(); ++i) {
+    CHECK(ref.out.attn_out[i].size() == size_t(cfg.is_kda(i) ? cfg.kda_dim() : cfg.mla_o_dim()));
+    if (!cfg.is_kda(i)) mla = i;
+  }
+  REQUIRE_MESSAGE(mla >= 0, "the tiny preset has an MLA layer");
+  const std::string name = "L" + std::to_string(mla) + ".attn_out";
+  std::string err, dir;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
+  const std::string file = join_path(dir, "case.safetensors");
+  auto check = [&](const kimi::StepOutput& out) {
+    measure::CaseCheck c;
+    REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, ref.state, out, &err), err);
+    REQUIRE_MESSAGE(measure::check_case(cfg, ref, file, measure::Gate{}, &c, &err), err);
+    return c;
+  };
+  auto with_mla_output = [&](auto f) {
+    kimi::StepOutput out = ref.out;
+    for (uint16_t& v : out.attn_out[mla]) v = f(v);
+    return out;
+  };
+
+  const measure::CaseCheck exact = check(ref.out);
+  CHECK(exact.passed);
+  for (int i = 0; i < cfg.layers(); ++i)
+    CHECK(exact.metrics["L" + std::to_string(i) + ".attn_out"]["cosine"].get<double>() > 0.999999);
+
+  SUBCASE("dropped") {
+    const measure::CaseCheck c = check(with_mla_output([](uint16_t) { return uint16_t(0); }));
+    CHECK_FALSE(c.passed);
+    CHECK(c.failure.find(name + ": cosine") == 0);
+  }
+  SUBCASE("5% low: cosine 1, the relative error fails it") {
+    const measure::CaseCheck c =
+        check(with_mla_output([](uint16_t v) { return float_to_bf16(0.95f * bf16_to_float(v)); }));
+    CHECK(c.metrics[name]["cosine"].get<double>() > 0.9999);
+    CHECK_FALSE(c.passed);
+    CHECK(c.failure.find(name + ": relative L2 error") == 0);
+  }
+  SUBCASE("unwritten") {
+    const measure::CaseCheck c = check(with_mla_output([](uint16_t) { return uint16_t(0xffff); }));
+    CHECK_FALSE(c.passed);
+    CHECK(c.failure == name + ": " + std::to_string(cfg.mla_o_dim()) + " of " + std::to_string(cfg.mla_o_dim()) +
+                           " values NaN/Inf or unwritten");
+  }
+  SUBCASE("not reported (a variant of ABI version 2): not judged") {
+    kimi::StepOutput out = ref.out;
+    for (auto& layer : out.attn_out) layer.clear();
+    const measure::CaseCheck c = check(out);
+    CHECK(c.passed);
+    CHECK_FALSE(c.metrics.contains(name));
+  }
+  remove_tree(dir);
+}
+
+TEST_CASE("the gate's relative L2 error catches an output off in scale, which cosine cannot") {
+  Tiny t;
+  const measure::OracleCase ref = measure::compute_oracle_case(t.w, 3, 5);
+  kimi::StepOutput out = ref.out;
+  for (uint16_t& v : out.hidden) v = float_to_bf16(1.05f * bf16_to_float(v));
+  std::string err, dir;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
+  const std::string file = join_path(dir, "case.safetensors");
+  REQUIRE_MESSAGE(measure::write_case_outputs(file, t.w.cfg, ref.state, out, &err), err);
+  measure::CaseCheck c;
+  REQUIRE_MESSAGE(measure::check_case(t.w.cfg, ref, file, measure::Gate{}, &c, &err), err);
+  CHECK(c.metrics["hidden"]["cosine"].get<double>() > 0.9999);
+  CHECK_FALSE(c.passed);
+  CHECK(c.failure.find("hidden: relative L2 error") == 0);
+  measure::Gate loose;
+  loose.max_rel_l2 = 0.5;
+  REQUIRE_MESSAGE(measure::check_case(t.w.cfg, ref, file, loose, &c, &err), err);
+  CHECK(c.passed);
   remove_tree(dir);
 }

@@ -123,7 +123,10 @@ struct Tracer {
   }
 };
 
-Vec kda_layer(const KimiConfig& c, const KdaWeights& W, LayerState& st, const Vec& xn, const Tracer& tr) {
+// Each attention returns its output projection's result and sets *o_out to
+// the projection's input (o, bf16-rounded), which validation also checks.
+Vec kda_layer(const KimiConfig& c, const KdaWeights& W, LayerState& st, const Vec& xn, const Tracer& tr,
+              std::vector<uint16_t>* o_out) {
   const int H = c.kda_heads, D = c.kda_head_dim, C = c.kda_dim();
   Vec act[3];
   const QLinear* proj[3] = {&W.q, &W.k, &W.v};
@@ -177,6 +180,7 @@ Vec kda_layer(const KimiConfig& c, const KdaWeights& W, LayerState& st, const Ve
     }
   }
   tr.put("o", o);
+  *o_out = to_bf16(o);
   return linear(W.o, o);
 }
 
@@ -191,7 +195,7 @@ void rope(double* x, int n, int pos, double theta) {
 }
 
 Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos, const Vec& xn, const Tracer& tr,
-              std::vector<uint16_t>* ckv_row, std::vector<uint16_t>* krope_row) {
+              std::vector<uint16_t>* ckv_row, std::vector<uint16_t>* krope_row, std::vector<uint16_t>* o_out) {
   const int H = c.mla_heads, NOPE = c.qk_nope, ROPE = c.qk_rope, QH = NOPE + ROPE, R = c.kv_lora, V = c.v_head;
   Vec q = linear(W.q, xn);
   Vec kv = linear(W.kv_a, xn);
@@ -274,6 +278,7 @@ Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos,
     for (int d = 0; d < V; ++d) o[size_t(h) * V + d] = round_bf16(acc[d] / l);
   }
   tr.put("o", o);
+  *o_out = to_bf16(o);
   return linear(W.o, o);
 }
 
@@ -333,15 +338,16 @@ void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, 
   out->router_logits.assign(c.layers(), {});
   out->ckv_row.assign(c.layers(), {});
   out->krope_row.assign(c.layers(), {});
+  out->attn_out.assign(c.layers(), {});
   for (int i = 0; i < c.layers(); ++i) {
     Tracer tr{trace, "L" + std::to_string(i) + "."};
     const LayerWeights& L = w.layers[i];
     Vec xn = rms_norm(x, L.attn_norm, c.rms_eps);
     tr.put("xn", xn);
-    Vec attn = c.is_kda(i) ? kda_layer(c, L.kda, state->layers[i], xn, tr)
+    Vec attn = c.is_kda(i) ? kda_layer(c, L.kda, state->layers[i], xn, tr, &out->attn_out[i])
                            : mla_layer(c, L.mla, state->layers[i], state->context, xn, tr, &out->ckv_row[i],
-                                       &out->krope_row[i]);
-    tr.put("attn_out", attn);
+                                       &out->krope_row[i], &out->attn_out[i]);
+    tr.put("attn_proj", attn);
     Vec h = add_round(x, attn);
     tr.put("h", h);
     Vec hn = rms_norm(h, L.moe_norm, c.rms_eps);

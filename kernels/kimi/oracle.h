@@ -18,9 +18,12 @@ struct StepOutput {
   std::vector<std::vector<float>> router_logits;   // per layer: the bf16-rounded router logits
   std::vector<std::vector<uint16_t>> ckv_row;      // per M layer: the appended c_kv row
   std::vector<std::vector<uint16_t>> krope_row;    // per M layer: the appended k_rope row
+  // Per layer: the attention's output, its o_proj's input (bf16). Empty
+  // when a backend's variant does not report it (ABI version < 3).
+  std::vector<std::vector<uint16_t>> attn_out;
 };
 
-// Named intermediates ("L0.q", "L3.attn_out", ...), for telling which phase
+// Named intermediates ("L0.q", "L3.o", ...), for telling which phase
 // of a kernel went wrong. Filled only when asked for.
 using OracleTrace = std::map<std::string, std::vector<float>>;
 

@@ -16,7 +16,7 @@
 #ifndef KT_TEST_PREPARE
 #define KT_TEST_PREPARE 1
 #endif
-// KT_TEST_ABI: the ABI version it claims (an old recording's 1, a future 3).
+// KT_TEST_ABI: the ABI version it claims (an old recording's 1 or 2, a future 4).
 #ifndef KT_TEST_ABI
 #define KT_TEST_ABI KT_ABI_VERSION
 #endif
@@ -67,7 +67,7 @@ extern "C" __global__ void ktune_k1(const __grid_constant__ KimiDeviceArgs a, co
   for (int i = 0; i < 64; ++i) sum += router[i];
   w[0] = sum;
   w[1] += 1;
-  bool blind = !a.x_in && !a.x_out && !a.topk_out && !a.trace && a.context == 0;
+  bool blind = !a.x_in && !a.x_out && !a.topk_out && !a.attn_out && !a.trace && a.context == 0;
   for (int i = 0; i < KT_LAYERS; ++i)
     blind = blind && !a.layers[i].kda.S && !a.layers[i].kda.win[0] && !a.layers[i].kda.win[1] &&
             !a.layers[i].kda.win[2] && !a.layers[i].mla.c_kv && !a.layers[i].mla.k_rope;

@@ -22,10 +22,13 @@
 #include <stdint.h>
 
 // 2: the optional prepare table (ktune_num_prepare, ktune_prepare).
-#define KT_ABI_VERSION 2
-// Version 1 is version 2 without the prepare table, so the runner still
-// loads it: sessions recorded before the table (their sources carry the old
-// header) replay and resume.
+// 3: KimiDeviceArgs::attn_out, each layer's attention output, validated.
+#define KT_ABI_VERSION 3
+// Version 1 is version 2 without the prepare table, and version 2 is
+// version 3 without attn_out (a field added at the end, which an older
+// kernel never reads), so the runner still loads them: sessions recorded
+// before (their sources carry the old header) replay and resume; their
+// attention outputs go unchecked.
 #define KT_ABI_OLDEST 1
 #define KT_MAX_LAYERS 4
 #define KT_MAX_LAUNCHES 4096
@@ -76,7 +79,17 @@ struct KimiDeviceArgs {
   float* trace;          // nullptr, or a zeroed buffer of KT_TRACE_WORDS 64-bit words for profile
                          // stamps (KT_PROFILE builds): [count, tag, ns, tag, ns, ...] for block 0's
                          // points, then each block's arrival time at each grid barrier (below)
+  // nullptr, or bf16 [layers][KT_ATTN_OUT_STRIDE]: each layer's attention output, the
+  // input of its o_proj (KDA: o over heads x head_dim; MLA: o over heads x
+  // v_head), from the start of its row. The hidden output alone does not
+  // show the MLA attention on random caches: dropping it moved the hidden's
+  // cosine by 3e-6 (RESULTS.md, "validation blind spot"). The runner
+  // sets it for every step, timed ones included, so the validated kernel is
+  // the timed one.
+  uint16_t* attn_out;
 };
+// The row length of attn_out: the larger of the two attentions' outputs.
+#define KT_ATTN_OUT_STRIDE(kda_dim, mla_o) ((kda_dim) > (mla_o) ? (kda_dim) : (mla_o))
 
 // The profile trace: block 0 writes up to KT_TRACE_STAMPS (tag, ns) pairs
 // after the count word; from word KT_TRACE_ARRIVALS on, block b's arrival at
@@ -138,7 +151,7 @@ struct KtLaunch {
 //    weights than the step's;
 //  - the launches are never timed and never counted as the step's launches.
 // What a prepare kernel sees: the weights (read-only) and `scratch`, nothing
-// else. Everything the step brings (x_in, x_out, context, topk_out, the KDA
+// else. Everything the step brings (x_in, x_out, context, topk_out, attn_out, the KDA
 // state S and windows, the MLA caches, trace) is null or 0 then: it is not
 // set yet, and changes with every step. So the only thing a prepare table
 // can do is write a function of the weights alone (a repacked copy of a

@@ -22,6 +22,7 @@ constexpr int E = KT_E, TOPK = KT_TOPK, NSH = KT_NSH, I = KT_I, G = KT_G, LAYERS
 constexpr int SLOTS = TOPK + NSH;
 constexpr int kMaxRows = 65536;  // longest cache the baseline's score buffer holds
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int kAttnOutStride = KT_ATTN_OUT_STRIDE(C, MO);
 
 // Scratch layout, in floats.
 enum : long long {
@@ -197,6 +198,7 @@ extern "C" __global__ void ktune_k6(const __grid_constant__ KimiDeviceArgs a, co
     o += s * q[i] * 0.08838834764831845f;
   }
   F(a)[O + h * KD + j] = kt_round_bf16(o);
+  if (a.attn_out) a.attn_out[size_t(la.a[0]) * kAttnOutStride + h * KD + j] = kt_f2bf(o);
 }
 
 // k7: scratch[a2] = bf16(scratch[a0] + bf16(scratch[a1])) over D.
@@ -320,14 +322,16 @@ extern "C" __global__ void ktune_k14(const __grid_constant__ KimiDeviceArgs a, c
   F(a)[OL + i] = acc;
 }
 
-// k15: o[h][d] = bf16(sum_r o_lat[h][r] kv_b[r][h*(NOPE+VH)+NOPE+d]) (kv_b dense in WBUF).
-extern "C" __global__ void ktune_k15(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
+// k15: o[h][d] = bf16(sum_r o_lat[h][r] kv_b[r][h*(NOPE+VH)+NOPE+d]) (kv_b dense in WBUF)
+// of layer a0.
+extern "C" __global__ void ktune_k15(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs la) {
   const int i = gtid();
   if (i >= MO) return;
   const int h = i / VH, d = i % VH;
   float acc = 0;
   for (int r = 0; r < R; ++r) acc += F(a)[OL + h * R + r] * kt_bf2f(Wbuf(a)[size_t(r) * KVB + h * (NOPE + VH) + NOPE + d]);
   F(a)[MOUT + i] = kt_round_bf16(acc);
+  if (a.attn_out) a.attn_out[size_t(la.a[0]) * kAttnOutStride + i] = kt_f2bf(acc);
 }
 
 // ---- the launch table -----------------------------------------------------------

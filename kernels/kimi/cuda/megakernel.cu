@@ -2465,11 +2465,22 @@ KT_DEV void run_gemv_phase_before(Ctx& c, P& p, const NP& np) {
 #endif
 }
 
+// abi.h's attn_out: the layer's attention output o as o_proj stages it.
+// Every block holds all of it in shared memory; the first blocks copy it
+// out, 16 bytes a thread.
+KT_DEV void report_attn_out(const Ctx& c, int layer, int K) {
+  if (!c.a.attn_out) return;
+  uint4* dst = reinterpret_cast<uint4*>(c.a.attn_out + size_t(layer) * KT_ATTN_OUT_STRIDE(C, MO));
+  for (int v = int(blockIdx.x) * THREADS + c.tid; v < K / 8; v += int(gridDim.x) * THREADS)
+    dst[v] = reinterpret_cast<const uint4*>(c.sm->xs_hi)[v];
+}
+
 template <class NP>
 KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint16_t* o, const NP& next) {
   barrier_before(c, oproj);
   stamp(c, layer, 4);
   stage_bf16(c, o, K);
+  report_attn_out(c, layer, K);
   run_gemv_phase_before(c, oproj, next);
 }
 

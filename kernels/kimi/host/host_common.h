@@ -137,6 +137,14 @@ inline void bf16_to_floats(const uint16_t* __restrict in, int n, float* __restri
   for (int i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
+// abi.h's attn_out: layer `layer`'s attention output o (n floats holding
+// bf16 values), when the runner asks for it.
+inline void report_attn_out(const KimiDeviceArgs& a, int layer, const float* o, int n) {
+  if (!a.attn_out) return;
+  uint16_t* dst = a.attn_out + size_t(layer) * KT_ATTN_OUT_STRIDE(C, MO);
+  for (int i = 0; i < n; ++i) dst[i] = float_to_bf16(o[i]);
+}
+
 // RMSNorm in two parts so a caller can split the second over threads:
 // the inverse RMS of x (bf16 values as floats), then
 // out[i] = bf16(x[i] * inv * w[i]) for i in [i0, i1).
