@@ -278,7 +278,7 @@ class CudaBackend : public RunnerBackend {
       out->topk[i].assign(topk.begin() + size_t(i) * cfg_.n_active, topk.begin() + size_t(i + 1) * cfg_.n_active);
       if (abi_reports_attn_out(abi_) &&
           !get(&out->attn_out[i], attn_out_ + size_t(i) * cfg_.attn_out_stride(),
-               size_t(cfg_.is_kda(i) ? cfg_.kda_dim() : cfg_.mla_o_dim()), err))
+               size_t(cfg_.attn_out_dim(i)), err))
         return false;
       if (cfg_.is_kda(i)) {
         size_t w = size_t(3) * cfg_.kda_dim();

@@ -118,7 +118,7 @@ bool HostMemoryBackend::get_state(kimi::KimiState* st, kimi::StepOutput* out, st
     out->topk[i].assign(topk_.begin() + size_t(i) * cfg_.n_active, topk_.begin() + size_t(i + 1) * cfg_.n_active);
     if (reports) {
       const auto row = attn_out_.begin() + size_t(i) * cfg_.attn_out_stride();
-      out->attn_out[i].assign(row, row + (cfg_.is_kda(i) ? cfg_.kda_dim() : cfg_.mla_o_dim()));
+      out->attn_out[i].assign(row, row + cfg_.attn_out_dim(i));
     }
     if (!cfg_.is_kda(i)) {
       const auto& L = state_.layers[i];

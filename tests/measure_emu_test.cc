@@ -124,7 +124,8 @@ void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const ch
       return std::pair{double(bf16_to_float(out.ckv_row[m][i])), double(bf16_to_float(ref.out.ckv_row[m][i]))};
     });
     // The attention outputs, which the hidden's cosine barely sees on
-    // random caches (RESULTS.md, "validation blind spot").
+    // random caches (RESULTS.md, "How much the validation sees of the
+    // attention").
     REQUIRE(out.attn_out.size() == ref.out.attn_out.size());
     Similarity attn{1.0, 0.0, 0, 0};
     for (size_t l = 0; l < out.attn_out.size(); ++l) {

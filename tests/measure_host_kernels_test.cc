@@ -135,7 +135,7 @@ bool run_step(HostVariant& v, measure::HostRuntime& rt, const KimiWeights& w, Ki
   for (int i = 0; i < cfg.layers(); ++i) {
     out->topk[i].assign(topk.begin() + i * cfg.n_active, topk.begin() + (i + 1) * cfg.n_active);
     const auto row = attn.begin() + size_t(i) * cfg.attn_out_stride();
-    out->attn_out[i].assign(row, row + (cfg.is_kda(i) ? cfg.kda_dim() : cfg.mla_o_dim()));
+    out->attn_out[i].assign(row, row + cfg.attn_out_dim(i));
     if (cfg.is_kda(i)) continue;
     const LayerState& L = st->layers[i];
     size_t pos = size_t(st->context);

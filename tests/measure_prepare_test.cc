@@ -164,7 +164,7 @@ TEST_CASE("variants of ABI versions 1 and 2 still load, their attention outputs 
     REQUIRE_MESSAGE(be.get_state(&st, &out, &err), err);
     REQUIRE(out.attn_out.size() == size_t(cfg.layers()));
     for (int i = 0; i < cfg.layers(); ++i)
-      CHECK(out.attn_out[i].size() == (abi < 3 ? 0u : size_t(cfg.is_kda(i) ? cfg.kda_dim() : cfg.mla_o_dim())));
+      CHECK(out.attn_out[i].size() == (abi < 3 ? 0u : size_t(cfg.attn_out_dim(i))));
   }
   for (int abi : {0, KT_ABI_VERSION + 1}) {
     CAPTURE(abi);

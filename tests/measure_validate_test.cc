@@ -193,15 +193,16 @@ TEST_CASE("a near-tie flip whose consequences change later layers' experts is ju
 
 TEST_CASE("each layer's attention output is checked: dropped, off in scale or unwritten, it fails") {
   // On random caches the MLA attention moves the hidden output too little
-  // for its cosine to see it (RESULTS.md, "validation blind spot"), so the
-  // runner reports each layer's attention output and validation checks it.
+  // for its cosine to see it (RESULTS.md, "How much the validation sees of
+  // the attention"), so the runner reports each layer's attention output
+  // and validation checks it.
   Tiny t;
   const kimi::KimiConfig& cfg = t.w.cfg;
   const measure::OracleCase ref = measure::compute_oracle_case(t.w, 3, 5);
   REQUIRE(ref.out.attn_out.size() == size_t(cfg.layers()));
   int mla = -1;
   for (int i = 0; i < cfg.layers(); ++i) {
-    CHECK(ref.out.attn_out[i].size() == size_t(cfg.is_kda(i) ? cfg.kda_dim() : cfg.mla_o_dim()));
+    CHECK(ref.out.attn_out[i].size() == size_t(cfg.attn_out_dim(i)));
     if (!cfg.is_kda(i)) mla = i;
   }
   REQUIRE_MESSAGE(mla >= 0, "the tiny preset has an MLA layer");

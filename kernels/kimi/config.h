@@ -36,7 +36,9 @@ struct KimiConfig {
   int kv_a_dim() const { return kv_lora + qk_rope; }
   int kv_b_dim() const { return mla_heads * (qk_nope + v_head); }
   int mla_o_dim() const { return mla_heads * v_head; }
-  // A layer's row of a step's attention outputs (abi.h, KT_ATTN_OUT_STRIDE).
+  // Layer `layer`'s attention output (o_proj's input), and the row each
+  // layer has for it in a step's attn_out (abi.h, KT_ATTN_OUT_STRIDE).
+  int attn_out_dim(int layer) const { return is_kda(layer) ? kda_dim() : mla_o_dim(); }
   int attn_out_stride() const { return kda_dim() > mla_o_dim() ? kda_dim() : mla_o_dim(); }
   int layers() const { return int(pattern.size()); }
   bool is_kda(int layer) const { return pattern[layer] == 'K'; }

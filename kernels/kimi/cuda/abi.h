@@ -79,13 +79,13 @@ struct KimiDeviceArgs {
   float* trace;          // nullptr, or a zeroed buffer of KT_TRACE_WORDS 64-bit words for profile
                          // stamps (KT_PROFILE builds): [count, tag, ns, tag, ns, ...] for block 0's
                          // points, then each block's arrival time at each grid barrier (below)
-  // nullptr, or bf16 [layers][KT_ATTN_OUT_STRIDE]: each layer's attention output, the
-  // input of its o_proj (KDA: o over heads x head_dim; MLA: o over heads x
-  // v_head), from the start of its row. The hidden output alone does not
-  // show the MLA attention on random caches: dropping it moved the hidden's
-  // cosine by 3e-6 (RESULTS.md, "validation blind spot"). The runner
-  // sets it for every step, timed ones included, so the validated kernel is
-  // the timed one.
+  // nullptr, or bf16 [layers][KT_ATTN_OUT_STRIDE]: each layer's attention
+  // output, the input of its o_proj (KDA: o over heads x head_dim; MLA: o
+  // over heads x v_head), from the start of its row. The hidden output alone
+  // does not show the MLA attention on random caches: dropping it moved the
+  // hidden's cosine by 3e-6 (RESULTS.md, "How much the validation sees of
+  // the attention"). The runner sets it for every step, timed ones included,
+  // so the validated kernel is the timed one.
   uint16_t* attn_out;
 };
 // The row length of attn_out: the larger of the two attentions' outputs.
@@ -151,12 +151,12 @@ struct KtLaunch {
 //    weights than the step's;
 //  - the launches are never timed and never counted as the step's launches.
 // What a prepare kernel sees: the weights (read-only) and `scratch`, nothing
-// else. Everything the step brings (x_in, x_out, context, topk_out, attn_out, the KDA
-// state S and windows, the MLA caches, trace) is null or 0 then: it is not
-// set yet, and changes with every step. So the only thing a prepare table
-// can do is write a function of the weights alone (a repacked copy of a
-// matrix, precomputed scales, ...) into scratch, which the step's kernels
-// then read. It is untrusted variant code like the rest: a prepare kernel
-// that faults or hangs is the attempt's device_fault or timeout, and it
-// cannot touch the step's timing or its validation (the runner writes the
-// inputs and the state, and poisons the outputs, after it has run).
+// else. Everything the step brings (x_in, x_out, context, topk_out,
+// attn_out, the KDA state S and windows, the MLA caches, trace) is null or 0
+// then: it is not set yet, and changes with every step. So the only thing a
+// prepare table can do is write a function of the weights alone (a repacked
+// copy of a matrix, precomputed scales, ...) into scratch, which the step's
+// kernels then read. It is untrusted variant code like the rest: a prepare
+// kernel that faults or hangs is the attempt's device_fault or timeout, and
+// it cannot touch the step's timing or its validation (the runner writes
+// the inputs and the state, and poisons the outputs, after it has run).
