@@ -355,7 +355,8 @@ void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpe
     }
   for (Row& r : *rows)
     for (json& row : r.m.timings)
-      if (row.contains("rounds_us")) row["median_us"] = measure::summarize(row["rounds_us"].get<std::vector<double>>()).median;
+      if (row.contains("rounds_us"))
+        row["median_us"] = measure::summarize(row["rounds_us"].get<std::vector<double>>()).median;
 }
 
 void print_rounds(const std::vector<Row>& rows, const kimi::KimiConfig& cfg) {

@@ -1,8 +1,9 @@
 // Validation: one case's outputs from the runner against the oracle's, output
 // by output (hidden, each K layer's S and conv windows, each M layer's new
 // cache rows, each layer's attention output), by cosine similarity and
-// relative L2 error, with NaN/Inf and unwritten (poisoned) values counted. The gate is applied here, in ktune's
-// own process, so a variant cannot fake it.
+// relative L2 error, with NaN/Inf and unwritten (poisoned) values counted.
+// The gate is applied here, in ktune's own process, so a variant cannot fake
+// it.
 #pragma once
 #include <string>
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/json.h"
+#include "kernels/kimi/cuda/abi.h"
 
 namespace ktune::kimi {
 
@@ -39,7 +40,7 @@ struct KimiConfig {
   // Layer `layer`'s attention output (o_proj's input), and the row each
   // layer has for it in a step's attn_out (abi.h, KT_ATTN_OUT_STRIDE).
   int attn_out_dim(int layer) const { return is_kda(layer) ? kda_dim() : mla_o_dim(); }
-  int attn_out_stride() const { return kda_dim() > mla_o_dim() ? kda_dim() : mla_o_dim(); }
+  int attn_out_stride() const { return KT_ATTN_OUT_STRIDE(kda_dim(), mla_o_dim()); }
   int layers() const { return int(pattern.size()); }
   bool is_kda(int layer) const { return pattern[layer] == 'K'; }
   // The longest context any step of a timed or validated run reaches.

@@ -63,7 +63,7 @@ class Eager {
       rms_norm_op(s_.x, ly.attn_norm);
       if (is_mla_layer(layer)) mla(ly.mla);
       else kda(ly.kda);
-      report_attn_out(a_, layer, s_.o, is_mla_layer(layer) ? MO : C);
+      report_attn_out(a_, layer, s_.o);
       residual_op(s_.x, s_.y, s_.h, nullptr);
       rms_norm_op(s_.h, ly.moe_norm);
       moe(ly.moe, layer);

@@ -137,11 +137,13 @@ inline void bf16_to_floats(const uint16_t* __restrict in, int n, float* __restri
   for (int i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
-// abi.h's attn_out: layer `layer`'s attention output o (n floats holding
-// bf16 values), when the runner asks for it.
-inline void report_attn_out(const KimiDeviceArgs& a, int layer, const float* o, int n) {
+// abi.h's attn_out: layer `layer`'s attention output o (floats holding bf16
+// values, MO of them for an MLA layer, C for a KDA one), when the runner
+// asks for it.
+inline void report_attn_out(const KimiDeviceArgs& a, int layer, const float* o) {
   if (!a.attn_out) return;
   uint16_t* dst = a.attn_out + size_t(layer) * KT_ATTN_OUT_STRIDE(C, MO);
+  const int n = is_mla_layer(layer) ? MO : C;
   for (int i = 0; i < n; ++i) dst[i] = float_to_bf16(o[i]);
 }
 

@@ -200,8 +200,7 @@ class Worker {
       if (is_mla_layer(layer)) mla_layer(ly, x);
       else kda_layer(ly, x);
       // o is complete (o_proj's barrier) and stays until the next layer's attention.
-      if (t_ == 0)
-        report_attn_out(a_, layer, is_mla_layer(layer) ? s_.mla_o : s_.kda_o, is_mla_layer(layer) ? MO : C);
+      if (t_ == 0) report_attn_out(a_, layer, is_mla_layer(layer) ? s_.mla_o : s_.kda_o);
       moe(ly, layer);
     }
   }
