@@ -93,15 +93,7 @@
 
 #include "base/bf16.h"
 #include "kernels/kimi/cuda/common.cuh"
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "kernels/kimi/cuda/dev/cuda_check.h"
 
 constexpr int TILE = 128, CHUNK = 16, GROUP_CHUNKS = 8;
 
@@ -755,7 +747,6 @@ __global__ void v3_bulk(Problem p) {
   stamp_span(p, false);
 }
 
-
 // ---- v8: each warp its own ring of bulk copies, from a repacked layout ------------
 // v6's compute (scales a group ahead in registers) fed from shared memory:
 // each warp streams its chunk range with bulk copies (cp.async.bulk, one
@@ -873,7 +864,6 @@ static void repack_for_v9(const uint8_t* src, uint8_t* dst, int M, int K, int N)
           }
         }
 }
-
 
 // ---- v10: a step's GEMV phases in one launch, a loader warp streaming across them --
 // v1-v9 time one phase from an empty pipe: every phase pays its first DRAM

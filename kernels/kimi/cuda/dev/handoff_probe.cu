@@ -1,0 +1,274 @@
+// The k-split hand-off, alone: how long from the moment every k-split item
+// of a tile has its 128 partial sums until one block holds the tile's
+// total, with every tile of a phase handing off at once (as o_proj's 18
+// tiles x 7 splits do). It answers whether thread-block clusters, their
+// splits reduced through distributed shared memory, would cut the ~1 us
+// hand-off of the megakernel's o_proj, down, q,kv_a and w_uv phases, and
+// how many SMs a persistent cluster launch can hold.
+//
+//   v0 global   as the megakernel's gemv_item: each split stores its
+//               partials, one acquire-release atomic on the tile's counter,
+//               the split that arrives last reads the S partials
+//   v1 atomic   every split adds its partials into the tile's sums by
+//               fire-and-forget atomics, a grid barrier, then a block reads
+//               the sums (the megakernel's KT_REDUCE 1, whose next staging
+//               pays for the atomics: RESULTS, run 200)
+//   v2 cluster  the S splits of a tile are one cluster: each stores its
+//               partials into the first block's shared memory (DSMEM), one
+//               cluster barrier, the first block sums them
+//   v3 read all v1, then every block reads every tile's sums (as the
+//               megakernel's next staging, stage_carried, reads a whole
+//               vector); v4 the same with the sums written by plain stores
+//               (one split a tile), to tell the atomics' cost from the reads'
+//   ref         the grid barrier alone (v1 includes one)
+//
+// Each round starts at a grid barrier (a counter, as the megakernel's
+// KT_BARRIER 2); a round's time is the finishing block's, from its barrier
+// exit to holding the sums (globaltimer). Every total is checked against
+// the sum the host expects. Then, for a persistent kernel that needs every
+// block resident (one block an SM, as the megakernel runs), how many
+// clusters of 2, 4 and 8 blocks fit at once (cudaOccupancyMaxActiveClusters).
+//
+// Build and run (sm_90a; on the device machine): CMake builds it as
+// build/handoff_probe where it finds the CUDA toolkit, or by hand
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o /tmp/handoff_probe kernels/kimi/cuda/dev/handoff_probe.cu
+// then run it with no arguments (scripts/device_pack.sh carries it).
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/kimi/cuda/common.cuh"
+#include "kernels/kimi/cuda/dev/cuda_check.h"
+
+namespace cg = cooperative_groups;
+
+constexpr int TILE = 128, THREADS = 256, ROUNDS = 200;
+constexpr int kSmemBytes = 200 * 1024;  // one block an SM, as the megakernel
+
+enum Mode { kGlobal = 0, kAtomic = 1, kCluster = 2, kBarrier = 3, kAtomicAll = 4, kStoreAll = 5 };
+
+struct Args {
+  float* partials;              // [tiles][S][TILE]
+  int* counters;                // [tiles]
+  float* sums;                  // [2][tiles][TILE] (v1, by round parity)
+  unsigned* bar;                // the grid barrier's counter
+  unsigned long long* ns;       // [ROUNDS][tiles]: the finishing block's time
+  int* wrong;                   // totals that differ from the expected
+  int S, tiles;
+};
+
+// The counter grid barrier (kt_grid_arrive / kt_grid_wait's protocol).
+__device__ void grid_sync(unsigned* bar, unsigned* target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *target += gridDim.x;
+    kt_red_release_add(bar, 1u);
+    while (kt_ld_acquire(bar) < *target) __nanosleep(8);
+  }
+  __syncthreads();
+}
+
+// Split `split`'s partial for column n in round r, and the tile's total.
+__device__ __host__ float partial_of(int split, int n, int r) { return float(split + 1) * float(n + 1) + float(r); }
+__device__ __host__ float total_of(int S, int n, int r) { return float(S * (S + 1) / 2) * float(n + 1) + float(S * r); }
+
+template <int MODE>
+__global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
+  extern __shared__ float dsm[];  // v2: the first block's [S][TILE] partials
+  __shared__ int last;
+  const int tid = threadIdx.x, S = a.S;
+  const int tile = int(blockIdx.x) / S, split = int(blockIdx.x) % S;
+  const bool active = tile < a.tiles;
+  unsigned target = 0;
+  for (int r = 0; r < ROUNDS; ++r) {
+    grid_sync(a.bar, &target);
+    const unsigned long long t0 = kt_globaltimer();
+    const float y = partial_of(split, tid, r);
+    bool finisher = false;
+    float total = 0;
+    if (MODE == kGlobal && active) {
+      if (tid < TILE) a.partials[(size_t(tile) * S + split) * TILE + tid] = y;
+      __syncthreads();
+      if (tid == 0) last = kt_atom_add_acq_rel(&a.counters[tile], 1) == S - 1;
+      __syncthreads();
+      if (last) {
+        if (tid < TILE)
+          for (int sp = 0; sp < S; ++sp) total += kt_ld_cg(&a.partials[(size_t(tile) * S + sp) * TILE + tid]);
+        if (tid == 0) a.counters[tile] = 0;
+        finisher = true;
+      }
+    } else if (MODE == kAtomic || MODE == kAtomicAll || MODE == kStoreAll) {
+      float* sums = a.sums + size_t(r % 2) * a.tiles * TILE;
+      float* spent = a.sums + size_t((r + 1) % 2) * a.tiles * TILE;  // read in round r - 1, before this barrier
+      if (MODE != kStoreAll && active && split == 0 && tid < TILE) spent[tile * TILE + tid] = 0.0f;
+      if (MODE == kStoreAll) {
+        if (active && split == 0 && tid < TILE) sums[tile * TILE + tid] = total_of(S, tid, r);
+      } else if (active && tid < TILE) {
+        atomicAdd(&sums[tile * TILE + tid], y);
+      }
+      grid_sync(a.bar, &target);
+      if (MODE != kAtomic) {
+        // Every block reads a hidden-sized vector (the first 2304 sums), a
+        // column a thread at a time, all loads issued before the first is
+        // used (stage_carried's way).
+        constexpr int kCols = 2304, kMaxCols = kCols / THREADS;
+        float v[kMaxCols];
+#pragma unroll
+        for (int e = 0; e < kMaxCols; ++e) {
+          const int n = tid + e * THREADS;
+          v[e] = n < a.tiles * TILE ? kt_ld_cg(&sums[n]) : 0.0f;
+        }
+        float any = 0;
+#pragma unroll
+        for (int e = 0; e < kMaxCols; ++e) any += v[e];
+        if (any == -1.0f) atomicAdd(a.wrong, 1000000);  // keeps the loads (never true: sums are positive)
+      }
+      if (active && split == 0) {
+        if (tid < TILE) total = kt_ld_cg(&sums[tile * TILE + tid]);
+        finisher = true;
+      }
+    } else if (MODE == kCluster && active) {
+      cg::cluster_group cluster = cg::this_cluster();
+      float* first = cluster.map_shared_rank(dsm, 0);
+      if (tid < TILE) first[split * TILE + tid] = y;
+      cluster.sync();  // barrier.cluster arrive (release) and wait (acquire)
+      if (cluster.block_rank() == 0) {
+        if (tid < TILE)
+          for (int sp = 0; sp < S; ++sp) total += dsm[sp * TILE + tid];
+        finisher = true;
+      }
+    } else if (MODE == kBarrier) {
+      grid_sync(a.bar, &target);
+      finisher = active && split == 0;
+      if (tid < TILE) total = total_of(S, tid, r);
+    }
+    __syncthreads();
+    const unsigned long long t1 = kt_globaltimer();
+    if (finisher) {
+      if (tid < TILE && total != total_of(S, tid, r)) atomicAdd(a.wrong, 1);
+      if (tid == 0) a.ns[size_t(r) * a.tiles + tile] = t1 - t0;
+    }
+  }
+  // v2: no block leaves while another may still write its shared memory.
+  if (MODE == kCluster) cg::this_cluster().sync();
+}
+
+// A launch of `blocks` blocks, one an SM (the shared memory asks for it),
+// in clusters of `cluster` blocks when cluster > 1.
+struct Launch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  Launch(int blocks, int cluster) {
+    cfg.gridDim = dim3(unsigned(blocks));
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    if (cluster > 1) {
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(cluster);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+    }
+  }
+};
+
+struct Result {
+  double median_us = 0, p90_us = 0;
+  int wrong = 0, blocks = 0;
+};
+
+template <int MODE>
+Result run(int S, int blocks) {
+  const int tiles = blocks / S;
+  Args a{};
+  a.S = S;
+  a.tiles = tiles;
+  CHECK(cudaMalloc(&a.partials, size_t(tiles) * S * TILE * sizeof(float)));
+  CHECK(cudaMalloc(&a.counters, size_t(tiles) * sizeof(int)));
+  CHECK(cudaMalloc(&a.sums, 2 * size_t(tiles) * TILE * sizeof(float)));
+  CHECK(cudaMalloc(&a.bar, sizeof(unsigned)));
+  CHECK(cudaMalloc(&a.ns, size_t(ROUNDS) * tiles * sizeof(unsigned long long)));
+  CHECK(cudaMalloc(&a.wrong, sizeof(int)));
+  CHECK(cudaMemset(a.counters, 0, size_t(tiles) * sizeof(int)));
+  CHECK(cudaMemset(a.sums, 0, 2 * size_t(tiles) * TILE * sizeof(float)));
+  CHECK(cudaMemset(a.bar, 0, sizeof(unsigned)));
+  CHECK(cudaMemset(a.ns, 0, size_t(ROUNDS) * tiles * sizeof(unsigned long long)));
+  CHECK(cudaMemset(a.wrong, 0, sizeof(int)));
+  CHECK(cudaFuncSetAttribute(handoff<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  Launch l(tiles * S, MODE == kCluster ? S : 1);
+  CHECK(cudaLaunchKernelEx(&l.cfg, handoff<MODE>, a));
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> ns(size_t(ROUNDS) * tiles);
+  Result res;
+  CHECK(cudaMemcpy(ns.data(), a.ns, ns.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(&res.wrong, a.wrong, sizeof(int), cudaMemcpyDeviceToHost));
+  // The first rounds warm up; each round's slowest tile is the phase's.
+  std::vector<double> worst;
+  for (int r = 10; r < ROUNDS; ++r) {
+    unsigned long long m = 0;
+    for (int t = 0; t < tiles; ++t) m = std::max(m, ns[size_t(r) * tiles + t]);
+    worst.push_back(double(m) / 1000.0);
+  }
+  std::sort(worst.begin(), worst.end());
+  res.median_us = worst[worst.size() / 2];
+  res.p90_us = worst[worst.size() * 9 / 10];
+  res.blocks = tiles * S;
+  for (void* p : {static_cast<void*>(a.partials), static_cast<void*>(a.counters), static_cast<void*>(a.sums),
+                  static_cast<void*>(a.bar), static_cast<void*>(a.ns), static_cast<void*>(a.wrong)})
+    CHECK(cudaFree(p));
+  return res;
+}
+
+// Clusters of S blocks that fit at once, one block an SM.
+int max_clusters(int S) {
+  CHECK(cudaFuncSetAttribute(handoff<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  Launch l(S, S);
+  int n = 0;
+  CHECK(cudaOccupancyMaxActiveClusters(&n, handoff<kCluster>, &l.cfg));
+  return n;
+}
+
+void print(const char* what, int S, const Result& r) {
+  std::printf("%-11s S %d  blocks %3d  median %6.2f us  p90 %6.2f us  %s\n", what, S, r.blocks, r.median_us, r.p90_us,
+              r.wrong ? "WRONG TOTALS" : "totals ok");
+}
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("SMs: %d; a round's time is its slowest tile's (median and 90th percentile over %d rounds)\n", sms,
+              ROUNDS - 10);
+  int wrong = 0;
+  std::printf("\nclusters that fit at once, one block an SM:\n");
+  for (int S : {2, 4, 8}) {
+    const int n = max_clusters(S);
+    std::printf("  size %d: %3d clusters, %3d of %d SMs\n", S, n, n * S, sms);
+  }
+  std::printf("\nthe hand-off of every tile at once:\n");
+  {
+    const Result r = run<kBarrier>(1, sms);
+    print("ref", 1, r);
+    wrong += r.wrong;
+  }
+  for (int S : {2, 4, 7, 8}) {
+    Result g = run<kGlobal>(S, sms), at = run<kAtomic>(S, sms), aa = run<kAtomicAll>(S, sms),
+           sa = run<kStoreAll>(S, sms);
+    print("v0 global", S, g);
+    print("v1 atomic", S, at);
+    print("v3 read all", S, aa);
+    print("v4 stored", S, sa);
+    wrong += g.wrong + at.wrong + aa.wrong + sa.wrong;
+    if (S == 7) continue;  // not a cluster size
+    const Result cl = run<kCluster>(S, max_clusters(S) * S);
+    print("v2 cluster", S, cl);
+    wrong += cl.wrong;
+  }
+  if (wrong) std::printf("\nFAILED: %d wrong totals\n", wrong);
+  return wrong ? 1 : 0;
+}
