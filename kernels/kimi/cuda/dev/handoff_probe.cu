@@ -54,7 +54,7 @@ enum Mode { kGlobal = 0, kAtomic = 1, kCluster = 2, kBarrier = 3, kAtomicAll = 4
 struct Args {
   float* partials;              // [tiles][S][TILE]
   int* counters;                // [tiles]
-  float* sums;                  // [2][tiles][TILE] (v1, by round parity)
+  float* sums;                  // [2][tiles][TILE] (v1, v3, v4; by round parity)
   unsigned* bar;                // the grid barrier's counter
   unsigned long long* ns;       // [ROUNDS][tiles]: the finishing block's time
   int* wrong;                   // totals that differ from the expected
