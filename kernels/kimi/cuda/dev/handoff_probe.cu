@@ -25,7 +25,10 @@
 // Each round starts at a grid barrier (a counter, as the megakernel's
 // KT_BARRIER 2); a round's time is the finishing block's, from its barrier
 // exit to holding the sums (globaltimer). Every total is checked against
-// the sum the host expects. Then, for a persistent kernel that needs every
+// the sum the host expects. Warps 0-3 hand off; with "under load", warps
+// 4-7 meanwhile stream 64 KB a block from a 1-GB buffer (~8 MB a round
+// over the grid, ~2 us of DRAM time), as the megakernel's loader streams
+// the next phase's weights while a phase hands off. Then, for a persistent kernel that needs every
 // block resident (one block an SM, as the megakernel runs), how many
 // clusters of 2, 4 and 8 blocks fit at once (cudaOccupancyMaxActiveClusters).
 //
@@ -47,6 +50,8 @@
 namespace cg = cooperative_groups;
 
 constexpr int TILE = 128, THREADS = 256, ROUNDS = 200;
+constexpr int HANDOFF_THREADS = 128;                      // warps 0-3; 4-7 make the background load
+constexpr size_t kBgBytes = 64 * 1024, kBgBuffer = size_t(1) << 30;
 constexpr int kSmemBytes = 200 * 1024;  // one block an SM, as the megakernel
 
 enum Mode { kGlobal = 0, kAtomic = 1, kCluster = 2, kBarrier = 3, kAtomicAll = 4, kStoreAll = 5 };
@@ -58,18 +63,46 @@ struct Args {
   unsigned* bar;                // the grid barrier's counter
   unsigned long long* ns;       // [ROUNDS][tiles]: the finishing block's time
   int* wrong;                   // totals that differ from the expected
+  const uint4* bg;              // the background load's buffer (kBgBuffer bytes), or nullptr
   int S, tiles;
 };
 
-// The counter grid barrier (kt_grid_arrive / kt_grid_wait's protocol).
+// A barrier of the hand-off's warps only (named barrier 1), or of the block.
+template <bool handoff_only>
+__device__ void block_sync() {
+  if (handoff_only)
+    asm volatile("bar.sync 1, %0;" ::"n"(HANDOFF_THREADS) : "memory");
+  else
+    __syncthreads();
+}
+
+// The counter grid barrier (kt_grid_arrive / kt_grid_wait's protocol),
+// among the hand-off's warps or whole blocks.
+template <bool handoff_only = false>
 __device__ void grid_sync(unsigned* bar, unsigned* target) {
-  __syncthreads();
+  block_sync<handoff_only>();
   if (threadIdx.x == 0) {
     *target += gridDim.x;
     kt_red_release_add(bar, 1u);
     while (kt_ld_acquire(bar) < *target) __nanosleep(8);
   }
-  __syncthreads();
+  block_sync<handoff_only>();
+}
+
+// Warps 4-7's share of a round's background load: all loads issued, then
+// summed (the sum is never negative, so nothing is written).
+__device__ void background_load(const Args& a, int r) {
+  constexpr int kLoaders = THREADS - HANDOFF_THREADS, kPerThread = int(kBgBytes / 16) / kLoaders, kBatch = 8;
+  const size_t base = ((size_t(r) * gridDim.x + blockIdx.x) * kBgBytes) % kBgBuffer / 16;
+  unsigned x = 0;
+  for (int b = 0; b < kPerThread; b += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) v[i] = kt_ld_cg(a.bg + base + size_t(b + i) * kLoaders + (threadIdx.x - HANDOFF_THREADS));
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) x += v[i].x;
+  }
+  if (x == 0xffffffffu) atomicAdd(a.wrong, 1000000);
 }
 
 // Split `split`'s partial for column n in round r, and the tile's total.
@@ -84,17 +117,22 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
   const int tile = int(blockIdx.x) / S, split = int(blockIdx.x) % S;
   const bool active = tile < a.tiles;
   unsigned target = 0;
+  constexpr bool kSplitWarps = MODE != kCluster;  // the cluster barrier takes every thread
   for (int r = 0; r < ROUNDS; ++r) {
     grid_sync(a.bar, &target);
+    if (kSplitWarps && tid >= HANDOFF_THREADS) {
+      if (a.bg) background_load(a, r);
+      continue;  // to the next round's grid barrier
+    }
     const unsigned long long t0 = kt_globaltimer();
     const float y = partial_of(split, tid, r);
     bool finisher = false;
     float total = 0;
     if (MODE == kGlobal && active) {
       if (tid < TILE) a.partials[(size_t(tile) * S + split) * TILE + tid] = y;
-      __syncthreads();
+      block_sync<true>();
       if (tid == 0) last = kt_atom_add_acq_rel(&a.counters[tile], 1) == S - 1;
-      __syncthreads();
+      block_sync<true>();
       if (last) {
         if (tid < TILE)
           for (int sp = 0; sp < S; ++sp) total += kt_ld_cg(&a.partials[(size_t(tile) * S + sp) * TILE + tid]);
@@ -110,16 +148,16 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
       } else if (active && tid < TILE) {
         atomicAdd(&sums[tile * TILE + tid], y);
       }
-      grid_sync(a.bar, &target);
+      grid_sync<true>(a.bar, &target);
       if (MODE != kAtomic) {
         // Every block reads a hidden-sized vector (the first 2304 sums), a
         // column a thread at a time, all loads issued before the first is
         // used (stage_carried's way).
-        constexpr int kCols = 2304, kMaxCols = kCols / THREADS;
+        constexpr int kCols = 2304, kMaxCols = kCols / HANDOFF_THREADS;
         float v[kMaxCols];
 #pragma unroll
         for (int e = 0; e < kMaxCols; ++e) {
-          const int n = tid + e * THREADS;
+          const int n = tid + e * HANDOFF_THREADS;
           v[e] = n < a.tiles * TILE ? kt_ld_cg(&sums[n]) : 0.0f;
         }
         float any = 0;
@@ -142,11 +180,11 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
         finisher = true;
       }
     } else if (MODE == kBarrier) {
-      grid_sync(a.bar, &target);
+      grid_sync<true>(a.bar, &target);
       finisher = active && split == 0;
       if (tid < TILE) total = total_of(S, tid, r);
     }
-    __syncthreads();
+    block_sync<kSplitWarps>();
     const unsigned long long t1 = kt_globaltimer();
     if (finisher) {
       if (tid < TILE && total != total_of(S, tid, r)) atomicAdd(a.wrong, 1);
@@ -183,9 +221,10 @@ struct Result {
 };
 
 template <int MODE>
-Result run(int S, int blocks) {
+Result run(int S, int blocks, const uint4* bg = nullptr) {
   const int tiles = blocks / S;
   Args a{};
+  a.bg = bg;
   a.S = S;
   a.tiles = tiles;
   CHECK(cudaMalloc(&a.partials, size_t(tiles) * S * TILE * sizeof(float)));
@@ -269,6 +308,23 @@ int main() {
     print("v2 cluster", S, cl);
     wrong += cl.wrong;
   }
+  // o_proj's shape while warps 4-7 stream from DRAM (the megakernel's
+  // loader does so while a phase hands off).
+  uint4* bg = nullptr;
+  CHECK(cudaMalloc(&bg, kBgBuffer));
+  CHECK(cudaMemset(bg, 1, kBgBuffer));
+  std::printf("\nunder load (warps 4-7 of every block stream %zu KB a round from DRAM):\n", kBgBytes / 1024);
+  {
+    const Result r = run<kBarrier>(1, sms, bg), g = run<kGlobal>(7, sms, bg), at = run<kAtomic>(7, sms, bg),
+                 aa = run<kAtomicAll>(7, sms, bg), sa = run<kStoreAll>(7, sms, bg);
+    print("ref", 1, r);
+    print("v0 global", 7, g);
+    print("v1 atomic", 7, at);
+    print("v3 read all", 7, aa);
+    print("v4 stored", 7, sa);
+    wrong += r.wrong + g.wrong + at.wrong + aa.wrong + sa.wrong;
+  }
+  CHECK(cudaFree(bg));
   if (wrong) std::printf("\nFAILED: %d wrong totals\n", wrong);
   return wrong ? 1 : 0;
 }
