@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <future>
 #include <map>
+#include <set>
 
 #include "agent/backend.h"
 #include "agent/evaluator.h"
@@ -457,9 +458,12 @@ int run_bench(const BenchOptions& o) {
   measure::Gate gate;
   Evaluator ev(b.weights, b.spec, b.runner, *b.oracle, join_path(b.workdir, "runner"), gate, b.spec.step_timeout_s);
   ev.keep_oracle_answers(true);
+  // Validated at every context a session validates at and every timed one.
+  std::set<int> validate_at(b.cfg.validate_contexts.begin(), b.cfg.validate_contexts.end());
+  for (auto [ctx, steps] : b.cfg.timed_contexts) validate_at.insert(ctx);
   std::vector<std::pair<int, int>> cases;
   for (int s = 1; s <= o.seeds; ++s)
-    for (auto [ctx, steps] : b.cfg.timed_contexts) cases.push_back({1000 + s, ctx});
+    for (int ctx : validate_at) cases.push_back({1000 + s, ctx});
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
     sandbox::BuildResult br = builds[i].get();

@@ -249,6 +249,23 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
+TEST_CASE("emulated CUDA megakernel with the router's logits counted or tagged reproduces golden kimi-top8") {
+  // logits tagged (the default): the rankers poll words that carry their
+  // validity, reset when the launch ends (each case runs two launches, so a
+  // word left over from the first would rank the second's experts from
+  // stale logits; in thread order the rows are always written before the
+  // loader looks, so the fibers also take turns in reverse). counter:
+  // router_done counts the rows, then the logits are read. With the bulk
+  // feed the consumers rank, with the loader the loader.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", json::object());
+  unsetenv("KTUNE_EMU_ORDER");
+  golden_through_emu("kimi-top8.safetensors", {{"logits", "counter"}});
+  golden_through_emu("kimi-top8.safetensors", {{"logits", "tagged"}, {"feed", "bulk"}});
+  golden_through_emu("kimi-top8.safetensors", {{"logits", "counter"}, {"feed", "bulk"}});
+}
+
 TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed tile before this layer's routing") {
   // stream names the MoE phase's first item during o_proj. A block whose
   // first gate/up item is a routed tile must not stream it with the

@@ -11,6 +11,10 @@
 // bf16 arithmetic the kernels use (bit-exact round-to-nearest-even).
 // What it does not: timing, caches, memory-model races (fibers interleave
 // only at the points above), or faults (a wild write is a host segfault).
+// Fibers take turns in thread order, block by block; KTUNE_EMU_ORDER=reverse
+// turns them in the opposite order (the last block's last thread first), so
+// a wait that thread order happens to satisfy early is tested the other
+// way round too.
 //
 // Kernels must use the kt_* wrappers in kernels/kimi/cuda/common.cuh for
 // anything architectural (PTX, intrinsics); that file picks the emulated
@@ -236,9 +240,12 @@ inline bool launch(KernelFn fn, unsigned grid, unsigned block, size_t smem, bool
     g_launch = &L;
     g_gridDim.x = grid;
     g_blockDim.x = block;
+    const char* order = getenv("KTUNE_EMU_ORDER");
+    const bool reverse = order && strcmp(order, "reverse") == 0;
     size_t remaining = L.fibers.size();
     while (remaining) {
-      for (size_t i = 0; i < L.fibers.size(); ++i) {
+      for (size_t k = 0; k < L.fibers.size(); ++k) {
+        const size_t i = reverse ? L.fibers.size() - 1 - k : k;
         Fiber& f = L.fibers[i];
         if (f.done) continue;
         L.current = i;

@@ -80,9 +80,13 @@ KnobSpace cuda_mega_space() {
       {"cache_hint", "KT_CACHE_HINT", {"plain", "evict_first"}, "evict_first",
        "attention: the latent cache rows loaded plainly (they may stay in L2 for the next step), or marked "
        "first to evict from L2 (the router's rows and the KDA state stay instead)"},
+      {"logits", "KT_LOGITS", {"counter", "tagged"}, "tagged",
+       "how the MoE router's logits reach the warps that rank them: a counter of written rows, acquired, then "
+       "the logits read; or each logit written as a word that carries its own validity, polled (one L2 round "
+       "trip less before the routed experts' weights can stream)"},
       {"handoff", "KT_HANDOFF", {"fence", "acq_rel"}, "acq_rel",
-       "a k-split item's partial sums and the router's logits: published by a fence and an atomic, or by "
-       "one release (acquire-release) atomic after the block barrier"},
+       "a k-split item's partial sums (and, with logits counter, the router's logits): published by a fence and "
+       "an atomic, or by one release (acquire-release) atomic after the block barrier"},
       {"kda_start", "KT_KDA_START", {"barrier", "heads"}, "barrier",
        "K layers: the KDA update starts after a grid barrier, or each item as soon as its head's q, k, v, g "
        "tiles and beta are published (per-head counters; the state's rows load while it waits)"},

@@ -330,6 +330,25 @@ KT_DEV void kt_bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint6
 #endif
 }
 
+// A word other blocks write in this launch, polled: read at L2, not ordered
+// with anything else (the word carries its own validity).
+KT_DEV unsigned kt_ld_relaxed(const unsigned* p) {
+#ifdef KT_EMULATION
+  return *(volatile const unsigned*)p;
+#else
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+KT_DEV void kt_st_relaxed(unsigned* p, unsigned v) {
+#ifdef KT_EMULATION
+  *(volatile unsigned*)p = v;
+#else
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
 // ---- acquire / release on global counters --------------------------------------
 KT_DEV unsigned kt_ld_acquire(const unsigned* p) {
 #ifdef KT_EMULATION

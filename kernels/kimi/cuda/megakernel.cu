@@ -55,9 +55,11 @@
 // 2: the same with fewer instructions per chunk, gemv_segment_lean),
 // KT_SPLIT_COST (how split_for prices a phase's small extra items),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
-// from L2), KT_HANDOFF (a k-split's partial sums, and the router's logits,
-// published by a fence and an atomic, or by one release / acquire-release
-// atomic), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
+// from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
+// router's logits, published by a fence and an atomic, or by one release /
+// acquire-release atomic), KT_LOGITS (0: the router's logits counted by
+// router_done, acquired, then read; 1: written as words that carry their
+// own validity and polled: load_logits), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
 // KDA item starts once its head's q, k, v, g tiles and beta are published,
 // per-head counters instead of the barrier), KT_REDUCE (0: the last of a
 // tile's k-split items sums the partials and runs the epilogue; 1: o_proj's
@@ -126,6 +128,7 @@ static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
 static_assert(KT_LAUNCH_PREFETCH == 0 || KT_LAUNCH_PREFETCH == 1, "launch_prefetch");
+static_assert(KT_LOGITS == 0 || KT_LOGITS == 1, "logits");
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
               "feed bulk, next, stream or loader: stages > 0, dequant mma");
 static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
@@ -136,7 +139,7 @@ struct alignas(16) Scratch {
   KtGridBarrier bar;
   unsigned pad[14];
   int counters[kMaxTiles];
-  unsigned router_done[KT_LAYERS];  // router logits written, per layer (reset when the launch ends)
+  unsigned router_done[KT_LAYERS];  // KT_LOGITS 0: router logits written, per layer (reset when the launch ends)
   unsigned head_ready[KT_LAYERS][KH];  // KT_KDA_START 1: a head's q, k, v, g tiles and beta published (likewise)
   unsigned next_item[kMaxGemvPhases];  // KT_SCHED 1: items taken beyond the first wave, per GEMV phase (reset likewise)
   alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
@@ -150,7 +153,10 @@ struct alignas(16) Scratch {
   alignas(16) uint16_t mla_o[MO];
   alignas(16) float attn_m[kMaxChunks * MH];
   alignas(16) float attn_l[kMaxChunks * MH];
-  alignas(16) uint16_t logits[E > 8 ? E : 8];
+  alignas(16) uint16_t logits[E > 8 ? E : 8];  // KT_LOGITS 0, after router_done
+  // KT_LOGITS 1: each layer's logits as words that carry their own
+  // validity (bf16 bits << 16 | 1), 0 until written (reset when the launch ends).
+  unsigned logit_words[KT_LAYERS][E > 8 ? E : 8];
   // The MoE's gate and up sums, one buffer per layer parity: with
   // KT_MOE_REDUCE 1 the items add into the layer's, which the next layer
   // (or the next launch) zeroes when it starts.
@@ -2217,6 +2223,39 @@ struct WuvPhase : PhaseDefaults {
 // does the set depend on the tie order: then the exact order of PyTorch's
 // CPU top-k decides (topk.h), as in the oracle.
 //
+// A router row's logit, as the layer's rankers take it (load_logits).
+KT_DEV void write_logit(Ctx& c, int layer, int e, float v) {
+#if KT_LOGITS == 1
+  kt_st_relaxed(&c.s->logit_words[layer][e], unsigned(kt_f2bf(v)) << 16 | 1u);
+#else
+  (void)layer;
+  c.s->logits[e] = kt_f2bf(v);
+#endif
+}
+
+// The layer's router logits e = lane and e = lane + 32, by a whole warp.
+// KT_LOGITS 0: call after an acquire of router_done (all E rows counted);
+// read at L2. KT_LOGITS 1: polled until every word is written, which saves
+// the counter's round trip before the logits' own (RESULTS, runs 205-206).
+KT_DEV void load_logits(const Ctx& c, int layer, float* v0, float* v1) {
+  const int lane = c.lane;
+#if KT_LOGITS == 1
+  unsigned w0 = 1u, w1 = 1u;
+  for (;;) {
+    if (lane < E) w0 = kt_ld_relaxed(&c.s->logit_words[layer][lane]);
+    if (lane + 32 < E) w1 = kt_ld_relaxed(&c.s->logit_words[layer][lane + 32]);
+    if (__all_sync(0xffffffffu, (w0 & 0xffffu) == 1u && (w1 & 0xffffu) == 1u)) break;
+    __nanosleep(32);
+  }
+  *v0 = lane < E ? kt_bf2f(uint16_t(w0 >> 16)) : 0.0f;
+  *v1 = lane + 32 < E ? kt_bf2f(uint16_t(w1 >> 16)) : 0.0f;
+#else
+  (void)layer;
+  *v0 = lane < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane])) : 0.0f;
+  *v1 = lane + 32 < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane + 32])) : 0.0f;
+#endif
+}
+
 // An expert's key for rank_experts: its bf16 logit's bits made
 // unsigned-orderable (-0 as +0, as the float compare has it), then the
 // inverted index, so a larger key comes first: the larger logit, and of
@@ -2235,13 +2274,12 @@ KT_DEV unsigned expert_key(float v, int e) {
 // largest out. A bitonic sort of all 64 took 21 dependent rounds of
 // shuffles, and ranks by 64 compares a lane ~1 us in one warp (RESULTS,
 // runs 145-149). When the k-th and the next logit tie, PyTorch's top-k
-// decides (topk.h). Call after an acquire of the logits.
-KT_DEV void rank_experts(const Ctx& c) {
+// decides (topk.h). v0, v1: the lane's logits e = lane and e = lane + 32
+// (load_logits).
+KT_DEV void rank_experts(const Ctx& c, float v0, float v1) {
   static_assert(E <= 64 && TOPK < 32 && TOPK < E, "two keys a lane, a rank a lane");
   Smem* sm = c.sm;
   const int lane = c.lane;
-  const float v0 = lane < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane])) : 0.0f;
-  const float v1 = lane + 32 < E ? kt_bf2f(kt_ld_cg(&c.s->logits[lane + 32])) : 0.0f;
   if (lane < E) sm->lv[lane] = v0;
   if (lane + 32 < E) sm->lv[lane + 32] = v1;
   unsigned k0 = lane < E ? expert_key(v0, lane) : 0u, k1 = lane + 32 < E ? expert_key(v1, lane + 32) : 0u;
@@ -2311,10 +2349,10 @@ struct MoeAPhase : PhaseDefaults {
     const int e = item * WARPS + c.warp;
     if (e < E) {
       const float v = row_dot(c, L.router + size_t(e) * D);
-      if (c.lane == 0) c.s->logits[e] = kt_f2bf(v);
+      if (c.lane == 0) write_logit(c, layer, e, v);
     }
     kt_block_sync();
-    publish(c, &c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
+    if (!KT_LOGITS) publish(c, &c.s->router_done[layer], unsigned(imin(WARPS, E - item * WARPS)));
     if (KT_PROFILE && c.tid == 0) c.row_at = kt_globaltimer();
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
@@ -2338,10 +2376,12 @@ struct MoeAPhase : PhaseDefaults {
     stamp_event(c, kEventRouted, c.sm->route_at[1]);
     if (c.warp == 0) weigh_experts(c, layer);  // while the loader's first routed stages land
 #else
-    wait_for(c, &c.s->router_done[layer], unsigned(E));
+    if (!KT_LOGITS) wait_for(c, &c.s->router_done[layer], unsigned(E));
     stamp_event(c, kEventLogitsSeen);
     if (c.warp == 0) {
-      rank_experts(c);
+      float v0, v1;
+      load_logits(c, layer, &v0, &v1);
+      rank_experts(c, v0, v1);
       weigh_experts(c, layer);
     }
     stamp_event(c, kEventRouted);
@@ -2566,11 +2606,15 @@ KT_DEV void make_plans(Ctx& c) {
 // them (RESULTS, runs 147-149). It tells the consumers by routed_layers.
 KT_DEV void loader_route(Ctx& c, int layer) {
   if (*reinterpret_cast<volatile unsigned*>(&c.sm->routed_layers) >= unsigned(layer + 1)) return;
-  if (c.lane == 0)
+  if (!KT_LOGITS && c.lane == 0)
     while (kt_ld_acquire(&c.s->router_done[layer]) < unsigned(E)) __nanosleep(32);
   __syncwarp();
-  if (KT_PROFILE && c.lane == 0) c.sm->route_at[0] = kt_globaltimer();
-  rank_experts(c);  // the consumers weigh them
+  // Profile: the logits are seen when the counter is in (0) or every word is (1).
+  if (KT_PROFILE && !KT_LOGITS && c.lane == 0) c.sm->route_at[0] = kt_globaltimer();
+  float v0, v1;
+  load_logits(c, layer, &v0, &v1);
+  if (KT_PROFILE && KT_LOGITS && c.lane == 0) c.sm->route_at[0] = kt_globaltimer();
+  rank_experts(c, v0, v1);  // the consumers weigh them
   if (c.lane == 0) {
     if (KT_PROFILE) c.sm->route_at[1] = kt_globaltimer();
     __threadfence_block();
@@ -2912,6 +2956,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   kt_block_sync();
   if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
     for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
+#if KT_LOGITS == 1
+    for (int l = 0; l < KT_LAYERS; ++l)
+      for (int e = 0; e < E; ++e) c.s->logit_words[l][e] = 0;  // no block reads them any more
+#endif
 #if KT_KDA_START == 1
     for (int l = 0; l < KT_LAYERS; ++l)
       for (int h = 0; h < KH; ++h) c.s->head_ready[l][h] = 0;  // no block reads them any more
