@@ -266,6 +266,22 @@ TEST_CASE("emulated CUDA megakernel with the router's logits counted or tagged r
   golden_through_emu("kimi-top8.safetensors", {{"logits", "counter"}, {"feed", "bulk"}});
 }
 
+TEST_CASE("emulated CUDA megakernel gathering k-split partials by polling reproduces golden kimi-top8") {
+  // gather poll: where a phase has one item a block, split 0 polls the
+  // others' partials (marked unwritten by the prepare kernel, and again by
+  // split 0 once read: each case's second launch needs the marks back). On
+  // 32 SMs o_proj and down have one item a block; on 3 nothing does, so
+  // every tile gathers by the counter. Fibers also in reverse order, where
+  // split 0 reaches its poll before the others have written.
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"gather", "poll"}});
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"gather", "poll"}, {"logits", "counter"}});
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"gather", "poll"}});
+}
+
 TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed tile before this layer's routing") {
   // stream names the MoE phase's first item during o_proj. A block whose
   // first gate/up item is a routed tile must not stream it with the

@@ -80,6 +80,10 @@ KnobSpace cuda_mega_space() {
       {"cache_hint", "KT_CACHE_HINT", {"plain", "evict_first"}, "evict_first",
        "attention: the latent cache rows loaded plainly (they may stay in L2 for the next step), or marked "
        "first to evict from L2 (the router's rows and the KDA state stay instead)"},
+      {"gather", "KT_GATHER", {"counter", "poll"}, "poll",
+       "how a k-split tile's partial sums meet (where the phase has one item a block): every item counts "
+       "itself in by an atomic and the last one reads the others' partials, or split 0 polls the others' "
+       "partials (marked unwritten until they land) and adds them, one L2 round trip less"},
       {"logits", "KT_LOGITS", {"counter", "tagged"}, "tagged",
        "how the MoE router's logits reach the warps that rank them: a counter of written rows, acquired, then "
        "the logits read; or each logit written as a word that carries its own validity, polled (one L2 round "
@@ -118,6 +122,7 @@ KnobSpace cuda_mega_space() {
   auto register_path = [](const json& p) { return p["stages"].get<int>() == 0; };
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
+  when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
   when("launch_prefetch", [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   for (const char* k : {"attn_rows", "attn_depth"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });

@@ -57,7 +57,9 @@
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
 // router's logits, published by a fence and an atomic, or by one release /
-// acquire-release atomic), KT_LOGITS (0: the router's logits counted by
+// acquire-release atomic), KT_GATHER (0: a k-split tile's items count
+// themselves in by an atomic and the last sums the partials; 1: split 0
+// polls the others' partials as they land: gather_polled), KT_LOGITS (0: the router's logits counted by
 // router_done, acquired, then read; 1: written as words that carry their
 // own validity and polled: load_logits), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
 // KDA item starts once its head's q, k, v, g tiles and beta are published,
@@ -129,6 +131,9 @@ static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
 static_assert(KT_LAUNCH_PREFETCH == 0 || KT_LAUNCH_PREFETCH == 1, "launch_prefetch");
 static_assert(KT_LOGITS == 0 || KT_LOGITS == 1, "logits");
+static_assert(KT_GATHER == 0 || KT_GATHER == 1, "gather");
+// gather poll needs the prepare kernel (KT_FEED >= 1) to mark the partials.
+#define KT_GATHER_POLL (KT_GATHER == 1 && KT_FEED >= 1)
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
               "feed bulk, next, stream or loader: stages > 0, dequant mma");
 static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
@@ -1337,6 +1342,7 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items, float extra_cost) {
 // (slots slot0 .. slot0 + S - 1) in split order and runs the epilogue.
 struct Item {
   int tile, kc0, kc1, split, S, slot0;
+  bool one_round;  // the phase has at most one item a block (gather_polled may wait)
 };
 // An item's k range: each warp's sums for the tile's 128 columns, left in
 // c.sm->red[warp].
@@ -1376,6 +1382,43 @@ KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
   }
 }
 
+// KT_GATHER 1: a partial sum not yet written holds kUnwritten (a NaN no
+// arithmetic makes; the prepare kernel marks them all, and split 0 marks
+// again those it has read).
+constexpr unsigned kUnwritten = 0xffffffffu;
+
+// KT_GATHER 1, one column of a k-split tile (thread c.tid < TILE): split 0
+// adds the other splits' partials to its own sums y as they land, polling
+// them at L2, instead of every split counting itself in by an atomic and
+// the last one reading the partials after it: one L2 round trip less on
+// the hand-off's path (RESULTS, run 208). Only when the phase has one item
+// a block (item.one_round), so split 0 never waits for an item queued
+// behind a waiting one. The sum's order is the counter's: split 0, 1, ...
+KT_DEV float gather_polled(Ctx& c, const Item& item, float y) {
+  unsigned* part = reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0) * TILE + c.tid;
+  constexpr int kBatch = 8;  // loads in flight at once
+  for (int sp0 = 1; sp0 < item.S; sp0 += kBatch) {
+    unsigned w[kBatch];
+    for (;;) {
+      bool landed = true;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (sp0 + j < item.S) w[j] = kt_ld_relaxed(part + size_t(sp0 + j) * TILE);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) landed = landed && (sp0 + j >= item.S || w[j] != kUnwritten);
+      if (landed) break;
+      __nanosleep(20);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (sp0 + j < item.S) {
+        y += __uint_as_float(w[j]);
+        kt_st_relaxed(part + size_t(sp0 + j) * TILE, kUnwritten);
+      }
+  }
+  return y;
+}
+
 template <class P>
 KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   const int tile = item.tile, split = item.split, S = item.S;
@@ -1400,7 +1443,18 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     if (first) stamp(c, c.layer, kPhaseItemDone);
     return;
   }
-  if (S > 1) {
+  if (KT_GATHER_POLL && S > 1 && item.one_round) {
+    if (split > 0) {
+      // The other splits' sums are split 0's to add (gather_polled).
+      if (c.tid < TILE)
+        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0 + split) * TILE + c.tid,
+                      __float_as_uint(y));
+      kt_block_sync();  // every warp's row of red was read: the block's next item clears them
+      if (first) stamp(c, c.layer, kPhaseItemDone);
+      return;
+    }
+    if (c.tid < TILE) y = gather_polled(c, item, y);
+  } else if (S > 1) {
     if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
     kt_block_sync();
     // One thread publishes the block's partials, after the block barrier
@@ -1487,7 +1541,7 @@ struct ItemMap : ItemPlan {
       j -= lead * S_lead;
       tile = lead + j / S, split = j % S, s = S, slot0 = lead * S_lead + (tile - lead) * S;
     }
-    return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0};
+    return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0, items <= int(gridDim.x)};
   }
 };
 
@@ -2818,6 +2872,11 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
         __syncthreads();
       }
     }
+#if KT_GATHER_POLL
+  unsigned* part = reinterpret_cast<unsigned*>(reinterpret_cast<Scratch*>(a.scratch)->partials);
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kMaxItems * TILE; i += int(gridDim.x * blockDim.x))
+    part[i] = kUnwritten;
+#endif
 }
 #endif
 
