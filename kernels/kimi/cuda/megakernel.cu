@@ -59,10 +59,11 @@
 // router's logits, published by a fence and an atomic, or by one release /
 // acquire-release atomic), KT_GATHER (0: a k-split tile's items count
 // themselves in by an atomic and the last sums the partials; 1: split 0
-// polls the others' partials as they land: gather_polled), KT_LOGITS (0: the router's logits counted by
-// router_done, acquired, then read; 1: written as words that carry their
-// own validity and polled: load_logits), KT_KDA_START (0: the KDA phase starts after a grid barrier; 1: a
-// KDA item starts once its head's q, k, v, g tiles and beta are published,
+// polls the others' partials as they land: gather_polled), KT_LOGITS (0:
+// the router's logits counted by router_done, acquired, then read; 1:
+// written as words that carry their own validity and polled:
+// load_logits), KT_KDA_START (0: the KDA phase starts after a grid
+// barrier; 1: a KDA item starts once its head's q, k, v, g tiles and beta are published,
 // per-head counters instead of the barrier), KT_REDUCE (0: the last of a
 // tile's k-split items sums the partials and runs the epilogue; 1: o_proj's
 // and down's items add their partial sums into an fp32 vector with
@@ -2276,7 +2277,7 @@ struct WuvPhase : PhaseDefaults {
 // value and then index); only when equal logits straddle the top-k boundary
 // does the set depend on the tie order: then the exact order of PyTorch's
 // CPU top-k decides (topk.h), as in the oracle.
-//
+
 // A router row's logit, as the layer's rankers take it (load_logits).
 KT_DEV void write_logit(Ctx& c, int layer, int e, float v) {
 #if KT_LOGITS == 1
