@@ -245,6 +245,8 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   golden_through_emu("kimi-top8.safetensors", {{"moe_reduce", "last"}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
+  // Here (gather poll by default) the MoE gate/up's tiles meet by the
+  // counter and down's, in the same partial slots, by polling.
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"moe_reduce", "last"}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }

@@ -1481,6 +1481,11 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     y = 0;
     if (c.tid < TILE)
       for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[size_t(item.slot0 + sp) * TILE + c.tid]);
+    // KT_GATHER 1: a later phase may gather these slots by polling
+    // (gather_polled), so they are marked unwritten again once read.
+    if (KT_GATHER_POLL && c.tid < TILE)
+      for (int sp = 0; sp < S; ++sp)
+        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0 + sp) * TILE + c.tid, kUnwritten);
     if (c.tid == 0) c.s->counters[tile] = 0;
   }
   if (c.tid < TILE) c.sm->ytile[c.tid] = y;
