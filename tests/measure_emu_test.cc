@@ -26,14 +26,17 @@ using namespace ktune;
 
 namespace {
 
-// Renders a CUDA template (plus `extra` source after it) for the emulator
-// and builds it with g++.
+using Defines = std::map<std::string, std::string>;
+
+// Renders a CUDA template (plus `extra` source after it, and test-only
+// macros `more`) for the emulator and builds it with g++.
 std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, const json& knobs,
-                      const std::string& extra = "") {
+                      const std::string& extra = "", const Defines& more = {}) {
   const variants::Template* t = kimi::find_template(tmpl);
   REQUIRE(t);
   auto defines = kimi::config_defines(cfg);
   for (auto& [k, v] : variants::knob_defines(t->space, t->space.complete(knobs))) defines[k] = v;
+  for (auto& [k, v] : more) defines[k] = v;
   return measure::testing::build_emu_source(defines, *variants::embedded_file(t->file) + extra);
 }
 
@@ -66,10 +69,11 @@ json cp_async_path(json knobs) {
   return knobs;
 }
 
-void golden_through_emu(const std::string& file, const json& knobs, const std::string& tmpl = "kimi-mega-cuda") {
+void golden_through_emu(const std::string& file, const json& knobs, const std::string& tmpl = "kimi-mega-cuda",
+                        const Defines& more = {}) {
   kimi::GoldenFile g;
   if (!load_golden(file, &g)) return;
-  std::string err, so = build_emu(g.weights.cfg, tmpl, knobs);
+  std::string err, so = build_emu(g.weights.cfg, tmpl, knobs, "", more);
   measure::EmuBackend be(g.weights.cfg);
   start_emu(be, g, so);
   kimi::GoldenOptions opts;
@@ -77,7 +81,8 @@ void golden_through_emu(const std::string& file, const json& knobs, const std::s
   opts.refeed = true;
   measure::GoldenSummary sum;
   REQUIRE_MESSAGE(measure::check_golden_file(be, g, opts, &sum, &err), err);
-  std::printf("emu %s %s %s: %s\n", tmpl.c_str(), file.c_str(), knobs.dump().c_str(), sum.describe().c_str());
+  std::printf("emu %s %s %s%s: %s\n", tmpl.c_str(), file.c_str(), knobs.dump().c_str(),
+              more.empty() ? "" : (" " + json(more).dump()).c_str(), sum.describe().c_str());
   for (auto& f : sum.failures) std::printf("  FAIL %s\n", f.c_str());
   CHECK(sum.failed == 0);
   if (tmpl == "kimi-mega-cuda") CHECK(sum.launches == 1);
@@ -282,6 +287,34 @@ TEST_CASE("emulated CUDA megakernel gathering k-split partials by polling reprod
   unsetenv("KTUNE_EMU_ORDER");
   setenv("KTUNE_EMU_SMS", "3", 1);
   golden_through_emu("kimi-top8.safetensors", {{"gather", "poll"}});
+}
+
+TEST_CASE("emulated CUDA megakernel with the MoE routing predicted reproduces golden kimi-top8") {
+  // predict top8 / top9: the loader warpgroup's spare warps predict the
+  // router's logits as tagged words in parts (reset when the launch ends;
+  // each case runs two launches), every block's loader streams the
+  // predicted experts' gate/up, and the routing finds its 8 among them.
+  // With KT_PREDICT_FIX 0 a missed prediction is not repaired, so those
+  // cases pass only if every layer's routing was within the prediction.
+  // KT_PREDICT_MISS drops the predicted best expert, so every layer misses
+  // and takes the fix phase (a grid barrier, then all 8 experts' gate/up
+  // again). In reverse fiber order the loaders poll before the predictor
+  // warps have written.
+  const Defines strict = {{"KT_PREDICT_FIX", "0"}}, miss = {{"KT_PREDICT_MISS", "1"}};
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}}, "kimi-mega-cuda", strict);
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top8"}}, "kimi-mega-cuda", miss);
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  // top8: the golden vectors' routing is not within the predicted top 8
+  // somewhere (with KT_PREDICT_FIX 0, 8 of 228 checks fail), so the fix
+  // phase runs in some layers and not in others.
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top8"}});
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top8"}, {"predict_stream", "after_landed"}});
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"moe_reduce", "last"}}, "kimi-mega-cuda", miss);
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "launch"}}, "kimi-mega-cuda", miss);
+  unsetenv("KTUNE_EMU_SMS");
 }
 
 TEST_CASE("emulated CUDA megakernel streaming across phases never names a routed tile before this layer's routing") {

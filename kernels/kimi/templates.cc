@@ -88,6 +88,15 @@ KnobSpace cuda_mega_space() {
        "how the MoE router's logits reach the warps that rank them: a counter of written rows, acquired, then "
        "the logits read; or each logit written as a word that carries its own validity, polled (one L2 round "
        "trip less before the routed experts' weights can stream)"},
+      {"predict", "KT_PREDICT", {"off", "top8", "top9"}, "off",
+       "with the loader warp: the MoE gate/up streams the routed experts' weights once the router's logits are "
+       "ranked, or from the phase's start those of the top 8 or 9 experts of a prediction that the loader "
+       "warpgroup's idle warps compute during o_proj from the layer's input and the attention output (a "
+       "64 x 6400 table a layer, made by the prepare kernel); the routing, computed as before, then finds its "
+       "8 among them, or a fix phase computes them after a grid barrier"},
+      {"predict_stream", "KT_PREDICT_STREAM", {"at_once", "after_landed"}, "at_once",
+       "with predict: the loader streams the predicted experts' weights as soon as it has ranked them, or "
+       "only once the stages it issued before them (o_proj's, the shared experts') have landed"},
       {"handoff", "KT_HANDOFF", {"fence", "acq_rel"}, "acq_rel",
        "a k-split item's partial sums (and, with logits counter, the router's logits): published by a fence and "
        "an atomic, or by one release (acquire-release) atomic after the block barrier"},
@@ -123,7 +132,11 @@ KnobSpace cuda_mega_space() {
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
   when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
-  when("launch_prefetch", [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
+  for (const char* k : {"launch_prefetch", "predict"})
+    when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
+  when("predict_stream", [](const json& p) {
+    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
+  });
   for (const char* k : {"attn_rows", "attn_depth"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {

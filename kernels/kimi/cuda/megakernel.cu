@@ -13,7 +13,9 @@
 //            [oproj] o_proj + residual
 //   MoE:     [route] router logits and the shared expert's gate/up
 //            [gate]  top-k (every block, identically; with the loader warp, by it),
-//                    routed experts' gate/up
+//                    routed experts' gate/up (KT_PREDICT: the predicted experts')
+//            [fix]   KT_PREDICT, only when the routing was not within the
+//                    prediction: the routed experts' gate/up again
 //            [down]  all experts' down projections summed + residual
 //
 // W4A16 GEMV work item: 128 output columns x a range of k. A warp handles a
@@ -62,7 +64,12 @@
 // polls the others' partials as they land: gather_polled), KT_LOGITS (0:
 // the router's logits counted by router_done, acquired, then read; 1:
 // written as words that carry their own validity and polled:
-// load_logits), KT_KDA_START (0: the KDA phase starts after a grid
+// load_logits), KT_PREDICT (1 top8, 2 top9, with the loader warp: the
+// loader warpgroup's other warps predict the router's logits during
+// o_proj, predictor_main; the loader streams the predicted top TOPK (or
+// TOPK + 1) experts' gate/up from the phase's start, loader_predict; the
+// routing picks its TOPK among them, match_prediction, or a fix phase
+// computes them, MoeFixPhase), KT_KDA_START (0: the KDA phase starts after a grid
 // barrier; 1: a KDA item starts once its head's q, k, v, g tiles and beta are published,
 // per-head counters instead of the barrier), KT_REDUCE (0: the last of a
 // tile's k-split items sums the partials and runs the epilogue; 1: o_proj's
@@ -99,6 +106,20 @@
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
 
+// predict on needs the loader warp (it ranks the prediction and streams the
+// predicted experts) and the prepare kernel (it makes the tables).
+#define KT_PREDICTED (KT_PREDICT >= 1 && KT_FEED == 4)
+// Tests only: KT_PREDICT_MISS 1, the prediction drops its best expert, so
+// the routing is never within it; KT_PREDICT_FIX 0, a missed prediction is
+// not repaired (the output is then wrong), so a test that passes shows
+// every layer's routing was within the prediction.
+#ifndef KT_PREDICT_MISS
+#define KT_PREDICT_MISS 0
+#endif
+#ifndef KT_PREDICT_FIX
+#define KT_PREDICT_FIX 1
+#endif
+
 namespace mk {
 
 constexpr int D = KT_D, KH = KT_KH, KD = KT_KD, C = KH * KD;
@@ -106,10 +127,18 @@ constexpr int MH = KT_MH, R = KT_R, NOPE = KT_NOPE, ROPE = KT_ROPE, VH = KT_VH, 
 constexpr int QDIM = MH * QH, KVA = R + ROPE, KVB = MH * (NOPE + VH), MO = MH * VH;
 constexpr int E = KT_E, TOPK = KT_TOPK, NSH = KT_NSH, I = KT_I, G = KT_G;
 constexpr int SLOTS = TOPK + NSH;  // experts evaluated per token and layer
+// The MoE gate/up phase's routed slots: the routing's TOPK experts, or with
+// KT_PREDICT the predicted TOPK (top8) or TOPK + 1 (top9); and the gate/up
+// sums' slots: those, the shared experts', and with KT_PREDICT TOPK more
+// for a missed prediction (the fix phase, MoeFixPhase).
+constexpr int RSLOTS = TOPK + (KT_PREDICTED && KT_PREDICT == 2 ? 1 : 0);
+constexpr int GU_SLOTS = RSLOTS + NSH + (KT_PREDICTED ? TOPK : 0);
 constexpr int THREADS = KT_THREADS, WARPS = THREADS / 32;
 constexpr int TILE = 128, CHUNK = 16;
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
+constexpr int PRED_K = cmax(C, MO);  // KT_PREDICT: where a prediction table's x part starts (predict_tables)
+constexpr int kPredParts = 6;        // KT_PREDICT: each prediction is summed from this many warps' parts (predictor_main)
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
@@ -133,6 +162,8 @@ static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
 static_assert(KT_LAUNCH_PREFETCH == 0 || KT_LAUNCH_PREFETCH == 1, "launch_prefetch");
 static_assert(KT_LOGITS == 0 || KT_LOGITS == 1, "logits");
 static_assert(KT_GATHER == 0 || KT_GATHER == 1, "gather");
+static_assert(KT_PREDICT >= 0 && KT_PREDICT <= 2, "predict");
+static_assert(KT_PREDICT_STREAM == 0 || KT_PREDICT_STREAM == 1, "predict_stream");
 // gather poll needs the prepare kernel (KT_FEED >= 1) to mark the partials.
 #define KT_GATHER_POLL (KT_GATHER == 1 && KT_FEED >= 1)
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
@@ -166,10 +197,17 @@ struct alignas(16) Scratch {
   // The MoE's gate and up sums, one buffer per layer parity: with
   // KT_MOE_REDUCE 1 the items add into the layer's, which the next layer
   // (or the next launch) zeroes when it starts.
-  alignas(16) float gu[2][SLOTS * 2 * I];
+  alignas(16) float gu[2][GU_SLOTS * 2 * I];
   alignas(16) float partials[kMaxItems * TILE];
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
+#if KT_PREDICTED
+  // KT_PREDICT: each layer's prediction of its router logits, as tagged
+  // words (predict_word; 0 until written, reset when the launch ends), and
+  // the tables they are computed from (the prepare kernel's: predict_tables).
+  unsigned pred_words[KT_LAYERS][E][kPredParts];
+  alignas(16) uint16_t pred_table[KT_LAYERS][E][PRED_K + D];
+#endif
 };
 
 // ---- the shared-memory pipeline ----------------------------------------------------
@@ -243,7 +281,13 @@ constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGE
 struct ItemPlan {
   int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
 };
-enum PlanKind { kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown, kPlanKinds };
+enum PlanKind {
+  kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown,
+#if KT_PREDICTED
+  kPlanMoeFix,
+#endif
+  kPlanKinds
+};
 
 // ---- per-block shared memory ------------------------------------------------------
 struct alignas(16) Smem {
@@ -269,6 +313,15 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+#if KT_PREDICTED
+  unsigned o_layers;  // layers whose attention output o is complete (o_proj's barrier passed): predictor_main
+  // KT_PREDICT (the loader's): the predicted experts of the layers of each
+  // parity, in rank order; for the routing's slot s (topk), the gate/up
+  // slot that holds its sums (match_prediction); miss: the fix phase runs.
+  int pred[2][RSLOTS];
+  int gslot[TOPK];
+  int miss;
+#endif
 #if KT_NUMBERING == 1
   ItemPlan plans[kPlanKinds];  // each kind of GEMV phase's numbering (make_plans)
 #endif
@@ -2389,20 +2442,20 @@ struct MoeAPhase : PhaseDefaults {
   int layer;
   static constexpr int IT = I / TILE, SHARED_TILES = NSH * 2 * IT;
   KT_DEV int plan_kind() const { return kPlanMoeA; }
-  KT_DEV int tiles() const { return SHARED_TILES + TOPK * 2 * IT; }
+  KT_DEV int tiles() const { return SHARED_TILES + RSLOTS * 2 * IT; }
   KT_DEV int nseg(int) const { return 1; }
   KT_DEV int seg_chunks(int) const { return D / CHUNK; }
   KT_DEV bool static_weights(int tile) const { return tile < SHARED_TILES; }
   KT_DEV bool feedable(const Ctx& c, int tile) const { return tile < SHARED_TILES || c.routed; }
   KT_DEV int lead_tiles() const { return SHARED_TILES; }  // the shared experts' (KT_LEAD)
-  // slot: the expert's position (routed 0..TOPK-1, shared TOPK..); up: gate 0 / up 1.
+  // slot: the expert's position (routed 0..RSLOTS-1, shared RSLOTS..); up: gate 0 / up 1.
   KT_DEV void slot_of(int tile, int* slot, int* up) const {
     const int t = tile < SHARED_TILES ? tile : tile - SHARED_TILES;
-    *slot = (t / (2 * IT)) + (tile < SHARED_TILES ? TOPK : 0);
+    *slot = (t / (2 * IT)) + (tile < SHARED_TILES ? RSLOTS : 0);
     *up = (t / IT) % 2;
   }
   KT_DEV Seg seg(int tile, int) const;  // needs the block's routing (see before_tile)
-  const int* topk = nullptr;
+  const int* topk = nullptr;  // the routed slots' experts (moe_experts)
   KT_DEV int row_items() const { return (E + WARPS - 1) / WARPS; }
   KT_DEV void row_item(Ctx& c, int item) {
     stamp(c, c.layer, kPointRowStart, true);
@@ -2416,7 +2469,9 @@ struct MoeAPhase : PhaseDefaults {
     if (KT_PROFILE && c.tid == 0) c.row_at = kt_globaltimer();
   }
   KT_DEV void before_tile(Ctx& c, int tile) {
-    if (tile >= SHARED_TILES) route(c, true);
+    // KT_PREDICT: the loader streams the predicted experts' stages; the
+    // consumers need the routing only for the down phase.
+    if (tile >= SHARED_TILES && !KT_PREDICTED) route(c, true);
   }
   KT_DEV void after_sums(Ctx& c, int tile) {
     if (KT_PROFILE && tile >= SHARED_TILES && !c.routed_at) c.routed_at = kt_globaltimer();
@@ -2460,15 +2515,61 @@ struct MoeAPhase : PhaseDefaults {
   KT_DEV float* tile_sums(const Ctx& c, int tile) const { return KT_MOE_REDUCE == 1 ? gu_tile(c, tile) : nullptr; }
 };
 
+// Tile `tile` (of I / TILE) of expert e's gate (up 0) or up projection.
+KT_DEV Seg expert_in_seg(const KtMoeLayer& L, size_t rp, bool shared, int up, size_t e, int tile) {
+  const KtW4& w = shared ? (up ? L.s_up : L.s_gate) : (up ? L.up : L.gate);
+  return make_seg(w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I, tile * TILE,
+                  rp + moe_repack(shared, up, int(e)), D / G);
+}
+
 KT_DEV Seg MoeAPhase::seg(int tile, int) const {
   int slot, up;
   slot_of(tile, &slot, &up);
-  const bool shared = slot >= TOPK;
-  const KtW4& w = shared ? (up ? L.s_up : L.s_gate) : (up ? L.up : L.gate);
-  const size_t e = shared ? size_t(slot - TOPK) : size_t(topk[slot]);
-  return make_seg(w.w_q + e * (D / 2) * I, w.scales + e * (D / G) * I, w.zeros + e * (D / G) * I, I, (tile % IT) * TILE,
-             rp + moe_repack(shared, up, int(e)), D / G);
+  const bool shared = slot >= RSLOTS;
+  return expert_in_seg(L, rp, shared, up, shared ? size_t(slot - RSLOTS) : size_t(topk[slot]), tile % IT);
 }
+
+// The routed slots' experts of layer's gate/up phase: the routing's, or
+// with KT_PREDICT the predicted ones (the loader's).
+KT_DEV int* moe_experts(const Ctx& c, int layer) {
+#if KT_PREDICTED
+  return c.sm->pred[layer % 2];
+#else
+  (void)layer;
+  return c.sm->topk;
+#endif
+}
+
+#if KT_PREDICTED
+// KT_PREDICT, when some of the routing's experts were not predicted (none
+// in the CPU study's 496 layer-steps; tests force it, KT_PREDICT_MISS): all
+// of the routing's experts' gate/up again, on the gate/up phase's staged
+// input, into gate/up slots RSLOTS + NSH + s (match_prediction). After a
+// grid barrier: the gate/up phase's k-split counters and partials are free.
+struct MoeFixPhase : PhaseDefaults {
+  const KtMoeLayer& L;
+  int layer;
+  const int* topk;
+  static constexpr int IT = I / TILE;
+  KT_DEV int plan_kind() const { return kPlanMoeFix; }
+  KT_DEV int tiles() const { return TOPK * 2 * IT; }
+  KT_DEV int nseg(int) const { return 1; }
+  KT_DEV int seg_chunks(int) const { return D / CHUNK; }
+  KT_DEV bool static_weights(int) const { return false; }
+  KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }
+  KT_DEV Seg seg(int tile, int) const {
+    return expert_in_seg(L, rp, false, (tile / IT) % 2, size_t(topk[tile / (2 * IT)]), tile % IT);
+  }
+  KT_DEV float* gu_tile(const Ctx& c, int tile) const {
+    const int slot = RSLOTS + NSH + tile / (2 * IT), up = (tile / IT) % 2;
+    return &c.s->gu[layer % 2][(slot * 2 + up) * I + (tile % IT) * TILE];
+  }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
+    if (c.tid < TILE) gu_tile(c, tile)[c.tid] = y[c.tid];
+  }
+  KT_DEV float* tile_sums(const Ctx& c, int tile) const { return KT_MOE_REDUCE == 1 ? gu_tile(c, tile) : nullptr; }
+};
+#endif
 
 // All experts' down projections as one GEMV over the concatenated
 // activations, each pre-scaled by its routing weight; output x = h + bf16(y).
@@ -2494,6 +2595,17 @@ struct DownPhase : PhaseDefaults {
     return make_seg(w.w_q + e * (I / 2) * D, w.scales + e * (I / G) * D, w.zeros + e * (I / G) * D, D, tile * TILE,
                rp + moe_repack(shared, 2, int(e)), I / G);
   }
+  // Where segment s's gate/up sums are (MoeAPhase::gu_tile): routed slot
+  // s, shared slot RSLOTS + s - TOPK; with KT_PREDICT, the routing's slot s
+  // where match_prediction found it.
+  KT_DEV int gu_slot(const Ctx& c, int s) const {
+#if KT_PREDICTED
+    return s < TOPK ? c.sm->gslot[s] : RSLOTS + s - TOPK;
+#else
+    (void)c;
+    return s < TOPK ? s : RSLOTS + s - TOPK;
+#endif
+  }
   // The item's activations silu(g) * u * w, four values (two pairs) per
   // thread and trip, loads issued in batches of B before they are used.
   KT_DEV void stage(Ctx& c, int, int kc0, int kc1) {
@@ -2505,8 +2617,9 @@ struct DownPhase : PhaseDefaults {
       for (int b = 0; b < B; ++b) {
         const int q = base + c.tid + b * THREADS, s = 4 * q / I, i = 4 * q % I;
         if (q < q1) {
-          g[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(s * 2) * I + i]));
-          u[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(s * 2 + 1) * I + i]));
+          const int gs = gu_slot(c, s);
+          g[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(gs * 2) * I + i]));
+          u[b] = kt_ld_cg(reinterpret_cast<const float4*>(&gu[(gs * 2 + 1) * I + i]));
         }
       }
 #pragma unroll
@@ -2578,6 +2691,9 @@ KT_DEV void report_attn_out(const Ctx& c, int layer, int K) {
 template <class NP>
 KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint16_t* o, const NP& next) {
   barrier_before(c, oproj);
+#if KT_PREDICTED
+  signal_loader(c, &c.sm->o_layers, unsigned(layer + 1));  // o is complete: predictor_main
+#endif
   stamp(c, layer, 4);
   stage_bf16(c, o, K);
   report_attn_out(c, layer, K);
@@ -2596,6 +2712,14 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   c.routed = false;
   run_gemv_phase_before(c, moe_a, down);
   moe_a.route(c);  // every block needs the routing for the down phase
+#if KT_PREDICTED
+  if (KT_PREDICT_FIX && c.sm->miss) {  // every block's loader found the same (match_prediction)
+    MoeFixPhase fix{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
+    barrier_before(c, fix);
+    stamp(c, layer, 6);
+    run_gemv_phase(c, fix);
+  }
+#endif
   stamp_event(c, kEventRoutedComputed, c.routed_at ? c.routed_at : ~0ull);
   c.routed_at = 0;
   barrier_before(c, down);
@@ -2638,6 +2762,9 @@ KT_DEV void make_plans(Ctx& c) {
       case kPlanOprojM: sh = shape_of(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
       case kPlanWuv: sh = shape_of(WuvPhase{{0}, L0.mla, 0}); break;
       case kPlanMoeA: sh = shape_of(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
+#if KT_PREDICTED
+      case kPlanMoeFix: sh = shape_of(MoeFixPhase{{0}, L0.moe, 0, c.sm->topk}); break;
+#endif
       default: sh = shape_of(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr}); break;
     }
     const ItemPlan pl = number_items(sh);
@@ -2660,6 +2787,129 @@ KT_DEV void make_plans(Ctx& c) {
 // itself: loader_route), and an M layer's wuv phase until the attention
 // (whose row tiles use the same memory) is done.
 
+#if KT_PREDICTED
+// KT_PREDICT: the predictor warps, the loader warpgroup's other three (they
+// only lent their registers before), predict every layer's router logits
+// before h exists: pred_e = o . M_e + x . (w R_e), with M = Wo diag(w) R^T
+// (w the MoE norm's weights, R the router, x the layer's input, o the
+// attention output; predict_tables). The router's logits are RMSNorm's
+// positive scale times this, up to the bf16 roundings: the exact experts
+// were the predicted top TOPK in 97% and within the top TOPK + 1 in all
+// 496 layer-steps of the CPU study (build/routing_prediction; RESULTS,
+// nineteenth session). Each dot of K + D is cut into kPredParts parts, a
+// warp a part (one round of loads, off the consumers' path), published as
+// words that carry their validity (bit 0 set; 0 is unwritten).
+KT_DEV void predictor_main(Ctx& c) {
+  constexpr int kChunks = (PRED_K + D) / 8, kPerLane = cdiv(cdiv(kChunks, kPredParts), 32);
+  const int lane = c.lane, warps = int(gridDim.x) * 3, me = int(blockIdx.x) * 3 + c.warp - WARPS - 1;
+  for (int layer = 0; layer < KT_LAYERS; ++layer) {
+    const bool m = m_layer(layer);
+    const int K = m ? MO : C, chunks = (K + D) / 8;
+    const uint16_t* o = m ? c.s->mla_o : c.s->kda_o;
+    const uint16_t* x = layer == 0 ? c.a.x_in : c.s->xbuf[layer % 2];
+    loader_wait(&c.sm->o_layers, unsigned(layer + 1));
+    for (int job = me; job < E * kPredParts; job += warps) {
+      const int e = job / kPredParts, part = job % kPredParts;
+      const int c0 = part * chunks / kPredParts, c1 = (part + 1) * chunks / kPredParts;
+      const uint16_t* t = c.s->pred_table[layer][e];
+      uint4 tv[kPerLane], vv[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int ch = c0 + lane + 32 * i, k = 8 * ch;
+        const bool in = ch < c1;
+        tv[i] = in ? kt_ld_weights<0>(k < K ? t + k : t + PRED_K + (k - K)) : make_uint4(0, 0, 0, 0);
+        vv[i] = in ? kt_ld_cg(reinterpret_cast<const uint4*>(k < K ? o + k : x + (k - K))) : make_uint4(0, 0, 0, 0);
+      }
+      float acc = 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t a = word_of(vv[i], j), b = word_of(tv[i], j);
+          acc += kt_lo(a) * kt_lo(b) + kt_hi(a) * kt_hi(b);
+        }
+      acc = kt_warp_sum(acc);
+      if (lane == 0) kt_st_relaxed(&c.s->pred_words[layer][e][part], __float_as_uint(acc) | 1u);
+    }
+  }
+}
+
+// KT_PREDICT: the layer's predicted experts (the top RSLOTS of the
+// predicted logits, polled until all their parts are written by the
+// predictor warps: predictor_main) into sm->pred, by the loader. Every block's loader ranks the
+// same words the same way, so all agree. An expert's key: the logit's
+// bits made unsigned-orderable, the low 6 replaced by the inverted index.
+// KT_PREDICT_MISS (tests) drops the best, so the routing misses one.
+KT_DEV void loader_predict(Ctx& c, int layer) {
+  static_assert(E <= 64 && RSLOTS < 32 && RSLOTS < E, "two keys a lane, a rank a lane");
+  const int lane = c.lane;
+  // Lane l sums the parts of experts l and l + 32, in part order.
+  auto prediction = [&](int e, bool* ready) {
+    float v = 0;
+    for (int p = 0; p < kPredParts; ++p) {
+      const unsigned w = e < E ? kt_ld_relaxed(&c.s->pred_words[layer][e][p]) : 1u;
+      *ready = *ready && w != 0u;
+      v += __uint_as_float(w);
+    }
+    return v;
+  };
+  // Not before this block passed o_proj's barrier (the predictor warps start
+  // there), and slowly: 132 warps polling these lines from the KDA phase on
+  // slowed it and o_proj by ~4 us a layer (RESULTS, run 212).
+  loader_wait(&c.sm->o_layers, unsigned(layer + 1));
+  float v0, v1;
+  for (;;) {
+    bool ready = true;
+    v0 = prediction(lane, &ready);
+    v1 = prediction(lane + 32, &ready);
+    if (__all_sync(0xffffffffu, ready)) break;
+    __nanosleep(256);
+  }
+  auto key = [](float v, int e) {
+    unsigned b = __float_as_uint(v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return (b & ~63u) | unsigned(63 - e);
+  };
+  unsigned k0 = lane < E ? key(v0, lane) : 0u, k1 = lane + 32 < E ? key(v1, lane + 32) : 0u;
+  int mine = 0;
+#pragma unroll
+  for (int r = 0; r < RSLOTS + KT_PREDICT_MISS; ++r) {
+    const unsigned most = __reduce_max_sync(0xffffffffu, k0 > k1 ? k0 : k1);
+    if (lane == r - KT_PREDICT_MISS) mine = 63 - int(most & 63u);
+    k0 = k0 == most ? 0u : k0;
+    k1 = k1 == most ? 0u : k1;
+  }
+  if (lane < RSLOTS) c.sm->pred[layer % 2][lane] = mine;
+  __syncwarp();
+}
+
+// KT_PREDICT_STREAM 1: the loader holds the predicted experts' stages until
+// the stages it issued before them (o_proj's, the shared experts') have
+// landed, so that o_proj's weights do not share DRAM with them.
+KT_DEV void loader_landed(Ctx& c) {
+  if (feeds(c) && c.fed > 0) {
+    const unsigned k = c.fed - 1;
+    kt_mbar_wait(&c.sm->full[k % STAGES], (k / STAGES) & 1);
+  }
+  __syncwarp();
+}
+
+// KT_PREDICT: after rank_experts, by the loader: the gate/up slot of each
+// of the routing's experts (the predicted slot that computed it), or, if
+// any is missing, the fix phase's slots for all of them (sm->miss).
+KT_DEV void match_prediction(Ctx& c, int layer) {
+  const int lane = c.lane;
+  int slot = -1;
+  if (lane < TOPK)
+    for (int p = 0; p < RSLOTS; ++p)
+      if (c.sm->pred[layer % 2][p] == c.sm->topk[lane]) slot = p;
+  const bool miss = __any_sync(0xffffffffu, lane < TOPK && slot < 0);
+  if (lane < TOPK) c.sm->gslot[lane] = miss ? RSLOTS + NSH + lane : slot;
+  if (lane == 0) c.sm->miss = miss ? 1 : 0;
+  __syncwarp();
+}
+#endif
+
 // The loader selects the layer's experts itself, as soon as the router's
 // logits are in: the consumers may still be busy with the phase's first
 // items (the shared expert's), and the routed stages then stream behind
@@ -2675,6 +2925,9 @@ KT_DEV void loader_route(Ctx& c, int layer) {
   load_logits(c, layer, &v0, &v1);
   if (KT_PROFILE && KT_LOGITS && c.lane == 0) c.sm->route_at[0] = kt_globaltimer();
   rank_experts(c, v0, v1);  // the consumers weigh them
+#if KT_PREDICTED
+  match_prediction(c, layer);
+#endif
   if (c.lane == 0) {
     if (KT_PROFILE) c.sm->route_at[1] = kt_globaltimer();
     __threadfence_block();
@@ -2710,18 +2963,42 @@ KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
 // (it does not depend on the routing), so the down phase's first copies
 // follow the gate/up phase's last at once.
 KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
-  const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
+  const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, moe_experts(c, layer)};
   const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr};
   ItemPlan down_plan;
   bool planned = false;
+#if KT_PREDICTED
+  // The routed tiles' experts are the predicted ones, known before the
+  // phase starts; the routing is needed only for the down phase.
+  bool predicted = false;
+  auto predict = [&] {
+    if (predicted) return;
+    predicted = true;
+    loader_predict(c, layer);
+    if (KT_PREDICT_STREAM == 1) loader_landed(c);
+  };
+#endif
   feed_items(c, up, ItemMap(number_items(up)), [&](const Item& item) {
     if (up.static_weights(item.tile)) return;
     if (!planned) down_plan = number_items(down);
     planned = true;
+#if KT_PREDICTED
+    predict();
+#else
     loader_route(c, layer);
+#endif
   });
   if (!planned) down_plan = number_items(down);
+#if KT_PREDICTED
+  predict();  // every block's loader matches the routing to the prediction
+#endif
   loader_route(c, layer);  // the down phase reads every routed expert
+#if KT_PREDICTED
+  if (KT_PREDICT_FIX && c.sm->miss) {
+    const MoeFixPhase fix{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
+    feed_items(c, fix, ItemMap(number_items(fix)), [](const Item&) {});
+  }
+#endif
   feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
 }
 
@@ -2864,6 +3141,43 @@ KT_DEV bool repack_job(const KimiDeviceArgs& a, int l, int m, RepackJob* j) {
 // one block per stage.
 namespace mk {
 constexpr int kPrepareThreads = 256, kPrepareBlocksPerSm = 4;
+
+#if KT_PREDICTED
+// KT_PREDICT's tables (predictor_main), per layer and expert e, bf16:
+// [0, K): M_e = Wo diag(w) R_e^T, o_proj's weights Wo (K x D, dequantized as
+// the GEMVs do) times the MoE norm's weights w and router row R_e; then at
+// max(C, MO), w R_e (D). A thread makes 8 rows of M_e: the 32 lanes of a
+// warp read the same Wo bytes (broadcast) against 32 router rows.
+KT_DEV void predict_tables(const KimiDeviceArgs& a) {
+  constexpr int KO = PRED_K, RB = 8;
+  static_assert(G % RB == 0 && C % RB == 0 && MO % RB == 0, "row blocks within a group");
+  Scratch* s = reinterpret_cast<Scratch*>(a.scratch);
+  const int per_layer = KO / RB * E;
+  for (int u = int(blockIdx.x * blockDim.x + threadIdx.x); u < KT_LAYERS * per_layer;
+       u += int(gridDim.x * blockDim.x)) {
+    const int l = u / per_layer, e = u % E, k0 = u % per_layer / E * RB;
+    const KtLayer& Ly = a.layers[l];
+    const KtW4& wo = m_layer(l) ? Ly.mla.o : Ly.kda.o;
+    if (k0 >= (m_layer(l) ? MO : C)) continue;
+    const uint16_t* r = Ly.moe.router + size_t(e) * D;
+    uint16_t* t = s->pred_table[l][e];
+    float acc[RB] = {};
+    for (int n = 0; n < D; ++n) {
+      const float rw = kt_bf2f(Ly.moe_norm[n]) * kt_bf2f(r[n]);
+      if (k0 == 0) t[KO + n] = kt_f2bf(rw);
+      const size_t go = size_t(k0 / G) * D + n;
+      const float sc = kt_bf2f(wo.scales[go]), ze = kt_bf2f(wo.zeros[go]);
+#pragma unroll
+      for (int j = 0; j < RB; j += 2) {
+        const unsigned b = wo.w_q[size_t((k0 + j) / 2) * D + n];
+        acc[j] += kt_round_bf16(kt_round_bf16(float(b & 15u) - ze) * sc) * rw;
+        acc[j + 1] += kt_round_bf16(kt_round_bf16(float(b >> 4) - ze) * sc) * rw;
+      }
+    }
+    for (int j = 0; j < RB; ++j) t[k0 + j] = kt_f2bf(acc[j]);
+  }
+}
+#endif
 }
 extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
   using namespace mk;
@@ -2878,6 +3192,9 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
         __syncthreads();
       }
     }
+#if KT_PREDICTED
+  predict_tables(a);
+#endif
 #if KT_GATHER_POLL
   unsigned* part = reinterpret_cast<unsigned*>(reinterpret_cast<Scratch*>(a.scratch)->partials);
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kMaxItems * TILE; i += int(gridDim.x * blockDim.x))
@@ -2929,6 +3246,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     kt_mbar_fence_init();
     c.sm->routed_layers = 0;
     c.sm->attentions = 0;
+#if KT_PREDICTED
+    c.sm->o_layers = 0;
+#endif
   }
   __syncthreads();  // the whole block, the loader warp too
 #endif
@@ -2938,6 +3258,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   if (c.tid >= THREADS) {
     kt_setmaxnreg_dec<kLoaderRegs>();
     if (c.warp == WARPS) loader_main(c);
+#if KT_PREDICTED
+    if (c.warp > WARPS) predictor_main(c);
+#endif
     return;
   }
   kt_setmaxnreg_inc<kConsumerRegs>();
@@ -2966,14 +3289,14 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       Mla1Phase first{{layer_repack(layer)}, Ly.mla, pos};
       layer > 0 ? barrier_before(c, first) : early_issue(c, first);
     }
-    MoeAPhase next_moe{{moe_layer_repack(layer)}, Ly.moe, layer, c.sm->topk};
+    MoeAPhase next_moe{{moe_layer_repack(layer)}, Ly.moe, layer, moe_experts(c, layer)};
     // KT_MOE_REDUCE 1: the gate/up sums of the layer before (of the last
     // launch's last layer, at layer 0) start again at zero. Its down phase
     // read them; the barrier above (the launch boundary) ended it, and the
     // next layer to add into that buffer comes after this layer's barriers.
     if (KT_MOE_REDUCE == 1) {
       const int spent = layer > 0 ? (layer - 1) % 2 : (KT_LAYERS - 1) % 2;
-      for (int i = int(blockIdx.x) * THREADS + c.tid; i < SLOTS * 2 * I; i += int(gridDim.x) * THREADS)
+      for (int i = int(blockIdx.x) * THREADS + c.tid; i < GU_SLOTS * 2 * I; i += int(gridDim.x) * THREADS)
         c.s->gu[spent][i] = 0.0f;
     }
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
@@ -3024,6 +3347,11 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
 #if KT_LOGITS == 1
     for (int l = 0; l < KT_LAYERS; ++l)
       for (int e = 0; e < E; ++e) c.s->logit_words[l][e] = 0;  // no block reads them any more
+#endif
+#if KT_PREDICTED
+    for (int l = 0; l < KT_LAYERS; ++l)
+      for (int e = 0; e < E; ++e)
+        for (int p = 0; p < kPredParts; ++p) c.s->pred_words[l][e][p] = 0;  // likewise
 #endif
 #if KT_KDA_START == 1
     for (int l = 0; l < KT_LAYERS; ++l)
