@@ -314,7 +314,10 @@ struct alignas(16) Smem {
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
 #if KT_PREDICTED
-  unsigned o_layers;  // layers whose attention output o is complete (o_proj's barrier passed): predictor_main
+  // Layers whose attention output o is complete (o_proj's barrier passed:
+  // predictor_main starts), and whose o_proj items this block has done
+  // (loader_predict polls then).
+  unsigned o_layers, oproj_layers;
   // KT_PREDICT (the loader's): the predicted experts of the layers of each
   // parity, in rank order; for the routing's slot s (topk), the gate/up
   // slot that holds its sums (match_prediction); miss: the fix phase runs.
@@ -2698,6 +2701,9 @@ KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint1
   stage_bf16(c, o, K);
   report_attn_out(c, layer, K);
   run_gemv_phase_before(c, oproj, next);
+#if KT_PREDICTED
+  signal_loader(c, &c.sm->oproj_layers, unsigned(layer + 1));  // loader_predict may poll now
+#endif
 }
 
 // x: the layer's input (o_proj's residual, for KT_REDUCE 1's staging).
@@ -2853,10 +2859,11 @@ KT_DEV void loader_predict(Ctx& c, int layer) {
     }
     return v;
   };
-  // Not before this block passed o_proj's barrier (the predictor warps start
-  // there), and slowly: 132 warps polling these lines from the KDA phase on
-  // slowed it and o_proj by ~4 us a layer (RESULTS, run 212).
-  loader_wait(&c.sm->o_layers, unsigned(layer + 1));
+  // Not before this block's o_proj items are done, and slowly: 132 warps
+  // polling these lines from the KDA phase on slowed it and o_proj by ~4 us
+  // a layer (RESULTS, run 212), and from o_proj's start on, o_proj's k-split
+  // gathers by ~2 us (run 213).
+  loader_wait(&c.sm->oproj_layers, unsigned(layer + 1));
   float v0, v1;
   for (;;) {
     bool ready = true;
@@ -3248,6 +3255,7 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     c.sm->attentions = 0;
 #if KT_PREDICTED
     c.sm->o_layers = 0;
+    c.sm->oproj_layers = 0;
 #endif
   }
   __syncthreads();  // the whole block, the loader warp too
