@@ -106,8 +106,8 @@
 #include "kernels/kimi/cuda/common.cuh"
 #include "kernels/kimi/topk.h"
 
-// predict on needs the loader warp (it ranks the prediction and streams the
-// predicted experts) and the prepare kernel (it makes the tables).
+// predict top8 / top9 needs the loader warp (it ranks the prediction and
+// streams the predicted experts) and the prepare kernel (it makes the tables).
 #define KT_PREDICTED (KT_PREDICT >= 1 && KT_FEED == 4)
 // Tests only: KT_PREDICT_MISS 1, the prediction drops its best expert, so
 // the routing is never within it; KT_PREDICT_FIX 0, a missed prediction is
@@ -138,7 +138,7 @@ constexpr int TILE = 128, CHUNK = 16;
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 constexpr int PRED_K = cmax(C, MO);  // KT_PREDICT: where a prediction table's x part starts (predict_tables)
-constexpr int kPredParts = 6;        // KT_PREDICT: each prediction is summed from this many warps' parts (predictor_main)
+constexpr int kPredParts = 6;        // KT_PREDICT: warps' parts summed into each prediction (predictor_main)
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
@@ -202,9 +202,10 @@ struct alignas(16) Scratch {
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
 #if KT_PREDICTED
-  // KT_PREDICT: each layer's prediction of its router logits, as tagged
-  // words (predict_word; 0 until written, reset when the launch ends), and
-  // the tables they are computed from (the prepare kernel's: predict_tables).
+  // KT_PREDICT: each layer's prediction of its router logits in parts, as
+  // words that carry their validity (predictor_main; 0 until written, reset
+  // when the launch ends), and the tables they are computed from (the
+  // prepare kernel's: predict_tables).
   unsigned pred_words[KT_LAYERS][E][kPredParts];
   alignas(16) uint16_t pred_table[KT_LAYERS][E][PRED_K + D];
 #endif
@@ -2544,11 +2545,12 @@ KT_DEV int* moe_experts(const Ctx& c, int layer) {
 }
 
 #if KT_PREDICTED
-// KT_PREDICT, when some of the routing's experts were not predicted (none
-// in the CPU study's 496 layer-steps; tests force it, KT_PREDICT_MISS): all
-// of the routing's experts' gate/up again, on the gate/up phase's staged
-// input, into gate/up slots RSLOTS + NSH + s (match_prediction). After a
-// grid barrier: the gate/up phase's k-split counters and partials are free.
+// KT_PREDICT, when some of the routing's experts were not predicted (top9:
+// none in the CPU study's 496 layer-steps; top8: ~3%; tests force it with
+// KT_PREDICT_MISS): all of the routing's experts' gate/up again, on the
+// gate/up phase's staged input, into gate/up slots RSLOTS + NSH + s
+// (match_prediction). After a grid barrier: the gate/up phase's k-split
+// counters and partials are free.
 struct MoeFixPhase : PhaseDefaults {
   const KtMoeLayer& L;
   int layer;
@@ -2842,8 +2844,8 @@ KT_DEV void predictor_main(Ctx& c) {
 
 // KT_PREDICT: the layer's predicted experts (the top RSLOTS of the
 // predicted logits, polled until all their parts are written by the
-// predictor warps: predictor_main) into sm->pred, by the loader. Every block's loader ranks the
-// same words the same way, so all agree. An expert's key: the logit's
+// predictor warps: predictor_main) into sm->pred, by the loader. Every
+// block's loader ranks the same words the same way, so all agree. An expert's key: the logit's
 // bits made unsigned-orderable, the low 6 replaced by the inverted index.
 // KT_PREDICT_MISS (tests) drops the best, so the routing misses one.
 KT_DEV void loader_predict(Ctx& c, int layer) {
