@@ -2384,6 +2384,22 @@ KT_DEV unsigned expert_key(float v, int e) {
   return b << 16 | unsigned(63 - e);
 }
 
+// By one warp: lane r < N - skip gets the expert of the (r + skip)-th
+// largest of the warp's keys (two a lane, all distinct, each carrying
+// 63 - expert in its bits under index_mask), by N rounds of a warp-wide max.
+template <int N>
+KT_DEV int rank_keys(int lane, unsigned k0, unsigned k1, int skip, unsigned index_mask) {
+  int mine = 0;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const unsigned most = __reduce_max_sync(0xffffffffu, k0 > k1 ? k0 : k1);
+    if (lane == r - skip) mine = 63 - int(most & index_mask);
+    k0 = k0 == most ? 0u : k0;
+    k1 = k1 == most ? 0u : k1;
+  }
+  return mine;
+}
+
 // The layer's experts from the router's logits, by one warp (every block
 // selects them itself, identically): sm->topk, in slot order, and the
 // first TOPK + 1 logits in that order (sm->order_v). Each lane holds two
@@ -2399,15 +2415,8 @@ KT_DEV void rank_experts(const Ctx& c, float v0, float v1) {
   const int lane = c.lane;
   if (lane < E) sm->lv[lane] = v0;
   if (lane + 32 < E) sm->lv[lane + 32] = v1;
-  unsigned k0 = lane < E ? expert_key(v0, lane) : 0u, k1 = lane + 32 < E ? expert_key(v1, lane + 32) : 0u;
-  int mine = 0;  // lane r <= TOPK: the expert of rank r
-#pragma unroll
-  for (int r = 0; r <= TOPK; ++r) {
-    const unsigned most = __reduce_max_sync(0xffffffffu, k0 > k1 ? k0 : k1);
-    if (lane == r) mine = 63 - int(most & 0xffffu);
-    k0 = k0 == most ? 0u : k0;
-    k1 = k1 == most ? 0u : k1;
-  }
+  const unsigned k0 = lane < E ? expert_key(v0, lane) : 0u, k1 = lane + 32 < E ? expert_key(v1, lane + 32) : 0u;
+  const int mine = rank_keys<TOPK + 1>(lane, k0, k1, 0, 0xffffu);  // lane r <= TOPK: the expert of rank r
   __syncwarp();
   if (lane <= TOPK) sm->order_v[lane] = sm->lv[mine];
   if (lane < TOPK) sm->topk[lane] = mine;
@@ -2879,15 +2888,8 @@ KT_DEV void loader_predict(Ctx& c, int layer) {
     b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return (b & ~63u) | unsigned(63 - e);
   };
-  unsigned k0 = lane < E ? key(v0, lane) : 0u, k1 = lane + 32 < E ? key(v1, lane + 32) : 0u;
-  int mine = 0;
-#pragma unroll
-  for (int r = 0; r < RSLOTS + KT_PREDICT_MISS; ++r) {
-    const unsigned most = __reduce_max_sync(0xffffffffu, k0 > k1 ? k0 : k1);
-    if (lane == r - KT_PREDICT_MISS) mine = 63 - int(most & 63u);
-    k0 = k0 == most ? 0u : k0;
-    k1 = k1 == most ? 0u : k1;
-  }
+  const unsigned k0 = lane < E ? key(v0, lane) : 0u, k1 = lane + 32 < E ? key(v1, lane + 32) : 0u;
+  const int mine = rank_keys<RSLOTS + KT_PREDICT_MISS>(lane, k0, k1, KT_PREDICT_MISS, 63u);
   if (lane < RSLOTS) c.sm->pred[layer % 2][lane] = mine;
   __syncwarp();
 }
