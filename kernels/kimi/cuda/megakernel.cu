@@ -2445,6 +2445,12 @@ KT_DEV void weigh_experts(const Ctx& c, int layer) {
   __syncwarp();
 }
 
+// Where layer's gate (up 0) or up sums of gate/up slot `slot` go, tile
+// `tile` of I / TILE (Scratch::gu, one buffer per layer parity).
+KT_DEV float* gate_up_sums(const Ctx& c, int layer, int slot, int up, int tile) {
+  return &c.s->gu[layer % 2][(slot * 2 + up) * I + tile * TILE];
+}
+
 // The MoE's first half in one phase: the router logits (row items, done
 // first), the shared experts' gate/up tiles, and the routed experts'
 // gate/up tiles. A block reaching its first routed tile waits until all
@@ -2520,7 +2526,7 @@ struct MoeAPhase : PhaseDefaults {
   KT_DEV float* gu_tile(const Ctx& c, int tile) const {
     int slot, up;
     slot_of(tile, &slot, &up);
-    return &c.s->gu[layer % 2][(slot * 2 + up) * I + (tile % IT) * TILE];
+    return gate_up_sums(c, layer, slot, up, tile % IT);
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
     if (c.tid < TILE) gu_tile(c, tile)[c.tid] = y[c.tid];
@@ -2575,8 +2581,7 @@ struct MoeFixPhase : PhaseDefaults {
     return expert_in_seg(L, rp, false, (tile / IT) % 2, size_t(topk[tile / (2 * IT)]), tile % IT);
   }
   KT_DEV float* gu_tile(const Ctx& c, int tile) const {
-    const int slot = RSLOTS + NSH + tile / (2 * IT), up = (tile / IT) % 2;
-    return &c.s->gu[layer % 2][(slot * 2 + up) * I + (tile % IT) * TILE];
+    return gate_up_sums(c, layer, RSLOTS + NSH + tile / (2 * IT), (tile / IT) % 2, tile % IT);
   }
   KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands) {
     if (c.tid < TILE) gu_tile(c, tile)[c.tid] = y[c.tid];
