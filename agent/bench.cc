@@ -140,8 +140,13 @@ const char* event_name(int point) {
   return nullptr;
 }
 bool is_event(int point) { return event_name(point) != nullptr; }
-const char* point_name(int point) {
+const char* point_name(int phase, int point) {
   if (point == 0) return "  . start, input staging";
+  if (phase == 2 && point >= 6 && point <= 8) {  // the attention's tiles (megakernel.cu, kPointTile*)
+    static const char* tile[] = {"  . tiles: waiting to land", "  . tiles: mma (values, next scores)",
+                                 "  . tiles: barrier, softmax"};
+    return tile[point - 6];
+  }
   if (point == 6) return "  . block 0's router rows";
   if (point == 7) return "  . first item: input staged";
   if (point == 8) return "  . first item: chunk weights done";
@@ -218,7 +223,7 @@ void print_profile(const json& profiles, const kimi::KimiConfig& cfg) {
     row(layer_label(cfg, key / 16), kPhaseNames[std::min(ph, kLastPhase)], v);
     if (parts[key].size() > 1)
       for (int point : point_order[key])
-        if (parts[key].count(point)) row("", point_name(point), parts[key][point]);
+        if (parts[key].count(point)) row("", point_name(key % 16, point), parts[key][point]);
     auto& acc = by_phase[ph];
     acc.resize(v.size(), 0.0);
     for (size_t i = 0; i < v.size(); ++i) acc[i] += v[i];

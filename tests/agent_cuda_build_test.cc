@@ -51,6 +51,14 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
         std::string::npos);
   CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"stages", 4}}).find("attn_rows 32") != std::string::npos);
   CHECK(why_not({{"threads", 384}}).empty());
+  // A bulk-fed ring is a multiple of the consumer warp groups deep (8 / n
+  // warps a group at feed_chunks n): 12 warps in 3 groups, or 8 warps a
+  // stage each in 8.
+  CHECK(why_not({{"threads", 384}, {"stages", 8}}).find("multiple of the consumer warp groups") != std::string::npos);
+  CHECK(why_not({{"feed_chunks", 8}}).find("multiple of the consumer warp groups") != std::string::npos);
+  CHECK(why_not({{"feed_chunks", 8}, {"stages", 16}}).empty());
+  CHECK(why_not({{"feed_chunks", 4}}).empty());
+  CHECK(why_not({{"threads", 384}, {"stages", 8}, {"feed", "cp_async"}}).empty());
   // Shared memory holds one more 32-row attention tile at one block an SM
   // (beside a ring of up to 20 stages), two more only as 16-row tiles, none
   // with two blocks an SM.

@@ -256,6 +256,32 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
+TEST_CASE("emulated CUDA megakernel with 4 or 8 chunks a consumer warp reproduces golden kimi-top8") {
+  // feed_chunks: 8 / n warps share a stage and the groups of them take the
+  // stages in turn. With the loader: 4 chunks a warp (four groups of two
+  // warps over the 12-deep ring) on 3 SMs, and a warp a whole stage with 4
+  // warps over a 4-deep ring (a group a slot); with the bulk feed's per-item
+  // loop on 32 SMs.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"feed_chunks", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"feed_chunks", 8}, {"stages", 4}, {"threads", 128}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"feed_chunks", 8}, {"stages", 8}, {"feed", "next"}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
+TEST_CASE("emulated CUDA megakernel with the loader's copies in flight capped reproduces golden kimi-top8") {
+  // inflight n: the loader waits for its n-th last copy to land before the
+  // next; on 3 SMs with the 12-deep ring (across the M layer's attention,
+  // which borrows the ring), and on 32 with a 4-deep one (the cap at the
+  // ring's depth: no wait beyond the slots').
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"inflight", 4}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"inflight", 4}, {"stages", 4}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
 TEST_CASE("emulated CUDA megakernel with the router's logits counted or tagged reproduces golden kimi-top8") {
   // logits tagged (the default): the rankers poll words that carry their
   // validity, reset when the launch ends (each case runs two launches, so a

@@ -69,6 +69,14 @@ KnobSpace cuda_mega_space() {
        "warpgroup whose first warp, the loader, never waits at a grid barrier, walks the block's stages of every "
        "GEMV phase of the step in order and keeps the ring full across the barriers, its registers lent to the "
        "other warps (loader)"},
+      {"feed_chunks", "KT_FEED_Q", {1, 2, 4, 8}, 2,
+       "with stages fed by bulk copies (a feed other than cp_async): the 16-row chunks of a stage (8 in all) each "
+       "consumer warp computes, so 8 / n warps share a stage and the groups of them take the stages in turn "
+       "(more chunks a warp: more stages in progress at once and a stage's scales read by fewer warps)"},
+      {"inflight", "KT_INFLIGHT", {0, 4, 6, 8}, 0,
+       "with the loader warp: at most n of a block's stage copies in flight (the loader waits for the n-th last "
+       "to land before it issues the next), so that the weight stream queues less in front of the loads that "
+       "the phases' staging, hand-offs and barriers wait for; 0: as many as the ring has free slots"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -132,7 +140,8 @@ KnobSpace cuda_mega_space() {
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
   when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
-  for (const char* k : {"launch_prefetch", "predict"})
+  when("feed_chunks", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
+  for (const char* k : {"launch_prefetch", "predict", "inflight"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
@@ -177,6 +186,18 @@ KnobSpace cuda_mega_space() {
         (p["stages"].get<int>() == 0 || p["dequant"].get<std::string>() != "mma")) {
       *why = "feed bulk, next, stream and loader need stages > 0 and dequant mma";
       return false;
+    }
+    // A consumer warp waits for its stage on the slot's mbarrier by parity,
+    // which tells the stage apart from the slot's fill before it only when
+    // that fill was the warp's own stage (so it had landed): the ring's
+    // depth a multiple of the warp groups that take the stages in turn.
+    if (p["feed"].get<std::string>() != "cp_async") {
+      const int groups = p["threads"].get<int>() / 32 / (8 / p["feed_chunks"].get<int>());
+      if (p["stages"].get<int>() % groups != 0) {
+        *why = "with feed bulk, next, stream or loader, stages must be a multiple of the consumer warp groups "
+               "(threads / 32 / (8 / feed_chunks))";
+        return false;
+      }
     }
     // The loader warp walks the blocks' items as the static schedule deals
     // them, and its warpgroup never joins cooperative groups' grid sync

@@ -221,12 +221,15 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     kt_block_sync();
     am_softmax(c, A, imin(AM_ROWS, r1 - r0), m, l);
     for (int s = 0; s < ntiles; ++s) {
+      stamp(c, c.layer, kPointTileWait, true);
       kt_cp_async_wait<AM_STAGES - 2>();
       kt_block_sync();  // tile s + 1 is in, tile s's probabilities are out
+      stamp(c, c.layer, kPointTileMma, true);
       if (dims) {
         am_weighted_sum(A.tile[s % AM_STAGES], A, w, lane, al, o);
         if (s + 1 < ntiles) am_scores(A.tile[(s + 1) % AM_STAGES], A, w, lane, al, q, qr);
       }
+      stamp(c, c.layer, kPointTileSoftmax, true);
       kt_block_sync();  // tile s is used up, tile s + 1's partial scores are in
       issue(s + AM_STAGES);
       if (s + 1 < ntiles) am_softmax(c, A, imin(AM_ROWS, r1 - r0 - (s + 1) * AM_ROWS), m, l);

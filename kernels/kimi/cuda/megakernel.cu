@@ -55,7 +55,10 @@
 // cut to fill the first wave; ItemMap), KT_GEMV_CODE (1: one out-of-line
 // copy of the register path's loop for every phase; gemv_segment_shared;
 // 2: the same with fewer instructions per chunk, gemv_segment_lean),
-// KT_SPLIT_COST (how split_for prices a phase's small extra items),
+// KT_SPLIT_COST (how split_for prices a phase's small extra items), KT_FEED_Q
+// (with a bulk feed: the chunks of a stage each consumer warp computes),
+// KT_INFLIGHT (with the loader: at most that many of a block's stage copies
+// in flight, 0: as many as the ring has free slots),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
 // router's logits, published by a fence and an atomic, or by one release /
@@ -429,6 +432,10 @@ constexpr int kEventRoutedReached = 14, kEventRoutedComputed = 15;  // the block
 constexpr int kPointRowStart = 6;  // block 0 only: its router rows' item starts
 constexpr int kPointItemStaged = 7;  // block 0 only: its first w_uv item's input combined
 constexpr int kPointChunksWeighed = 8;  // block 0 only: that item's chunk weights (weigh_chunks)
+// Block 0's attention tiles (the MLA attention phase, attn_phase_mma): the
+// wait for a tile to land, the mmas between the two barriers, the second
+// barrier and the softmax (summed over its tiles by the bench).
+constexpr int kPointTileWait = 6, kPointTileMma = 7, kPointTileSoftmax = 8;
 KT_DEV void stamp_event(Ctx& c, int event, unsigned long long at = 0) {
   stamp(c, c.layer, event, true);
   stamp_all_blocks(c, at);
@@ -1088,9 +1095,17 @@ KT_DEV void issue_stage(Ctx& c, Stage& st, const Seg& sg, int group) {
 // group comes from the phase (several experts form one k range).
 // Issues the first STAGES-1 stages of an item (one commit group each).
 #if KT_FEED >= 1
-constexpr int FEED_WPG = WARPS < 4 ? WARPS : 4;  // warps that share a stage
-constexpr int FEED_GROUPS = WARPS / FEED_WPG, FEED_Q = STAGE_CHUNKS / FEED_WPG;
+// KT_FEED_Q: the chunks of a stage each warp computes (knob feed_chunks);
+// the study kernels/kimi/cuda/dev/consumer_rate.cu times the choices.
+constexpr int FEED_Q = KT_FEED_Q;
+constexpr int FEED_WPG = STAGE_CHUNKS / FEED_Q;  // warps that share a stage
+constexpr int FEED_GROUPS = WARPS / FEED_WPG;
 static_assert(WARPS % FEED_WPG == 0 && STAGE_CHUNKS % FEED_WPG == 0, "feed: whole warp groups");
+// A warp waits for stage k on its slot's full mbarrier by parity, which
+// passes as well while the slot's fill before (stage k - STAGES) is still in
+// flight; that fill was this warp's own, so landed, only if the groups
+// divide the ring (the knobs' constraint says so).
+static_assert(STAGES % FEED_GROUPS == 0, "feed: the ring's depth a multiple of the warp groups");
 // KT_FEED > 0: thread 0 copies the block's next stage (segment sg's group
 // `group`, repacked) into the ring's next slot in one bulk copy, once every
 // warp has released what the slot held (its empty mbarrier's last phase).
@@ -1105,6 +1120,15 @@ KT_DEV void feed_raw(Ctx& c, size_t offset) {
   // the attention's cp.async writes into the same memory without a block-wide
   // fence: this one covers it. The loader's follow attention_done's.
   if (KT_FEED != 4) kt_fence_proxy_async();
+#if KT_FEED == 4 && KT_INFLIGHT > 0
+  // At most KT_INFLIGHT of the block's copies in flight: the stage issued
+  // KT_INFLIGHT before this one has landed. (Its slot's fill is the one it
+  // waits for: the fill before it was eaten before that stage was issued.)
+  if (c.fed >= unsigned(KT_INFLIGHT)) {
+    const unsigned k = c.fed - KT_INFLIGHT;
+    kt_mbar_wait(&c.sm->full[k % STAGES], (k / STAGES) & 1);
+  }
+#endif
   Stage* stages = reinterpret_cast<Stage*>(c.sm->pipe);
   kt_mbar_arrive_expect_tx(&c.sm->full[slot], unsigned(sizeof(Stage)));
   kt_bulk_copy_g2s(&stages[slot], c.a.scratch + offset, unsigned(sizeof(Stage)), &c.sm->full[slot]);
@@ -1175,9 +1199,10 @@ KT_DEV void stage_prologue(Ctx& c, P& p, int tile, int g0, int g1) {
 // reads its 16 columns' raw scales and zeros from the stage and expands
 // them itself (no separate expansion pass and its two extra barriers).
 #if KT_FEED >= 1
-// This warp's FEED_Q chunks (from first_chunk) of a repacked stage whose
-// first chunk is lc0 of the staged input: the lane reads its 16 columns'
-// scales and (128 + zero)s, already the packed pairs dequant_col takes.
+// This warp's Q chunks (from first_chunk) of a repacked stage whose first
+// chunk is lc0 of the staged input: the lane reads its 16 columns' scales
+// and (128 + zero)s, already the packed pairs dequant_col takes.
+template <int Q = FEED_Q>
 KT_DEV void compute_feed_stage(const Stage& st, int lane, int first_chunk, uint32_t bias, const uint32_t* xh,
                                const uint32_t* xl, int lc0, float (&mma_acc)[8][4]) {
   const int g = lane >> 2;
@@ -1187,7 +1212,7 @@ KT_DEV void compute_feed_stage(const Stage& st, int lane, int first_chunk, uint3
   const uint32_t ss[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
   const uint32_t zz[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
 #pragma unroll
-  for (int q = 0; q < FEED_Q; ++q) {
+  for (int q = 0; q < Q; ++q) {
     const int j = first_chunk + q;
     const uint8_t* w = st.w + j * 1024 + lane * 16;
     chunk_compute_frag(*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + 512), ss, zz, bias, xh,

@@ -1,0 +1,314 @@
+// The megakernel's consumer warps alone, on stages already in shared memory:
+// how long a block takes per 8.5-KB stage (one quantization group of a
+// 128-column tile) when no stage waits for DRAM. It answers whether a GEMV
+// phase's stage rate in the megakernel (~0.33 us a stage a block, RESULTS
+// run 214) is the consumers' or the DRAM's: with all 132 blocks streaming,
+// DRAM gives a block a stage every ~0.28 us (132 x 8.5 KB at ~4 TB/s), and
+// the stages the loader copied ahead, during the previous phase's barrier
+// and hand-off, are eaten at the consumers' own rate.
+//
+// Each block holds the ring's STAGES stages (a tile's first STAGES groups,
+// repacked by the megakernel's repack_stage) and eats them `rounds` times
+// over as consecutive items. A loader warp only arrives on each stage's
+// `full` mbarrier once its `empty` one says the slot's last eating is over,
+// so the ring's handshake is the megakernel's without the copies. Every
+// version is checked against a CPU reference (the spec's bf16 dequant, x
+// as the hi + lo parts the megakernel stages) unless it says otherwise, and
+// timed the same way (clock64 and globaltimer around the rounds, the
+// median block's).
+//
+//   v1  mk::consume_stages, the megakernel's own code (Q = FEED_Q chunks a
+//       warp a stage, FEED_WPG warps a stage, the groups in turn)
+//   v2  the same loop written here (checks that the copy is faithful)
+//   v3  Q 4: two warps a stage, so twice as many stages in progress
+//   v4  Q 8: a warp a stage
+//   v5  v2 without the mbarriers (no waits, no arrivals): the handshake's cost
+//   v6  v2 without the dequant arithmetic (the nibble pairs straight into
+//       the mma; not checked): what the bf16 subtract and multiply cost
+//   v7  Q 1: every warp a chunk of every stage (one group)
+//
+// What it showed on the H200 (RESULTS.md, 2026-12-02, runs 216 and 220): v1
+// eats a stage in 276 ns a block at 8 warps (4.16 TB/s over 132 blocks, as
+// fast as DRAM feeds every block at once), so the consumers are not what
+// makes a GEMV phase slow; v3 257, v4 269, v7 316 ns; v5 as v2 (the
+// handshake is free); v6 210 ns (the exact dequant is ~25%). 12 warps: v4
+// 235 ns, but the megakernel spills heavily at 384 threads. In the
+// megakernel 4 or 1 chunks a warp (knob feed_chunks) made the step 5-7 us
+// slower: its items are a few stages long, and there a stage's latency
+// from landing to released counts more than the rate.
+//
+// Build (the megakernel's full-size defines, no GPU needed; KT_THREADS=384
+// or 512 for 12 or 16 consumer warps):
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
+//     $(scripts/megakernel_defines.sh) -o .devcarry/consumer_rate kernels/kimi/cuda/dev/consumer_rate.cu
+// Run on the device machine: .devcarry/consumer_rate [rounds] [version names...]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/bf16.h"
+#include "kernels/kimi/cuda/dev/cuda_check.h"
+#include "kernels/kimi/cuda/megakernel.cu"
+
+namespace study {
+using mk::Smem;
+using mk::Stage;
+using mk::STAGE_CHUNKS;
+using mk::STAGES;
+using mk::THREADS;
+using mk::TILE;
+using mk::WARPS;
+
+constexpr int K = STAGES * mk::G;  // a round: the ring's stages, one item of STAGES groups
+static_assert(K <= mk::KMAX, "the staged input holds K");
+
+enum Version { kMegakernel = 1, kCopy, kQ4, kQ8, kNoMbar, kNoDequant, kQ1 };
+
+// The study's copy of the consumers' loop (mk::consume_stages), with the
+// chunks a warp takes per stage (Q) and the probes as parameters.
+template <int Q, bool MBAR, bool DEQUANT>
+__device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
+  constexpr int WPG = STAGE_CHUNKS / Q, GROUPS = WARPS / WPG;
+  static_assert(WARPS % WPG == 0, "whole warp groups");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int group = warp / WPG, first_chunk = (warp % WPG) * Q;
+  const Stage* stages = reinterpret_cast<const Stage*>(sm->pipe);
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  for (int s = group; s < n; s += GROUPS) {
+    const unsigned k = eaten + unsigned(s), slot = k % STAGES, parity = (k / STAGES) & 1;
+    if (MBAR) kt_mbar_wait(&sm->full[slot], parity);
+    const Stage& st = stages[slot];
+    const int lc0 = (g0 + s) * STAGE_CHUNKS;
+    if (DEQUANT) {
+      mk::compute_feed_stage<Q>(st, lane, first_chunk, bias, sm->xs_hi, sm->xs_lo, lc0, mma_acc);
+    } else {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const int j = first_chunk + q, lc = lc0 + j;
+        const uint8_t* wp = st.w + j * 1024 + lane * 16;
+        const uint4 wa = *reinterpret_cast<const uint4*>(wp), wb = *reinterpret_cast<const uint4*>(wp + 512);
+        const uint32_t* xsrc = g == 0 ? sm->xs_hi : sm->xs_lo;
+        uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const uint32_t w = mk::word_of(jj < 4 ? wa : wb, jj & 3);
+          uint32_t a[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[r] = ((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias;
+          kt_mma_bf16(mma_acc[jj], a, b);
+        }
+      }
+    }
+    __syncwarp();
+    if (MBAR && lane == 0) kt_mbar_arrive(&sm->empty[slot]);
+  }
+  mk::gemv_finish(acc, mma_acc, out);
+  if (t == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) red_row[16 * g + b] = out[b];
+  }
+}
+
+template <int V>
+__device__ void consume_version(Smem* sm, unsigned eaten, uint32_t bias, float* red_row) {
+  if constexpr (V == kMegakernel) mk::consume_stages(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kCopy) consume<mk::FEED_Q, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kQ4) consume<4, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kQ8) consume<8, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kNoMbar) consume<mk::FEED_Q, false, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kNoDequant) consume<mk::FEED_Q, true, false>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kQ1) consume<1, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+}
+__host__ __device__ constexpr int warps_per_stage(int v) {
+  return v == kQ1 ? 8 : v == kQ4 ? 2 : v == kQ8 ? 1 : mk::FEED_WPG;
+}
+
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
+
+// One block a tile copy: stages (STAGES x sizeof(Stage), repacked) and x
+// (K floats) into shared memory, then `rounds` items of STAGES stages.
+// times[2 b], [2 b + 1]: the block's clock64 and globaltimer spans.
+template <int V>
+__global__ void __launch_bounds__(KT_BLOCK_THREADS, 1)
+    rate_kernel(const uint8_t* stages, const float* x, int rounds, float* y, unsigned long long* times) {
+  Smem* sm = reinterpret_cast<Smem*>(kt_smem());
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  constexpr bool kMbar = V != kNoMbar;
+  for (int i = tid; i < STAGES * int(sizeof(Stage)) / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(sm->pipe)[i] = reinterpret_cast<const uint4*>(stages)[i];
+  for (int i = tid; i < K / 2; i += blockDim.x) {
+    // As the megakernel stages an fp32 input: hi = bf16(x), lo = bf16(x - hi).
+    const float x0 = x[2 * i], x1 = x[2 * i + 1];
+    const float h0 = kt_round_bf16(x0), h1 = kt_round_bf16(x1);
+    sm->xs_hi[i] = kt_pack(h0, h1);
+    sm->xs_lo[i] = kt_pack(x0 - h0, x1 - h1);
+  }
+  if (tid == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      kt_mbar_init(&sm->full[i], 1);
+      kt_mbar_init(&sm->empty[i], warps_per_stage(V));
+    }
+    kt_mbar_fence_init();
+  }
+  __syncthreads();
+#if KT_FEED == 4
+  if (tid >= THREADS) {
+    kt_setmaxnreg_dec<mk::kLoaderRegs>();
+    // The loader without copies: slot k % STAGES is eaten again once its
+    // previous eating is over (the megakernel's loader waits the same way).
+    if (kMbar && warp == WARPS && lane == 0)
+      for (unsigned k = 0; k < unsigned(rounds) * STAGES; ++k) {
+        const unsigned slot = k % STAGES;
+        if (k >= STAGES) kt_mbar_wait(&sm->empty[slot], ((k / STAGES) - 1) & 1);
+        kt_mbar_arrive(&sm->full[slot]);
+      }
+    return;
+  }
+  kt_setmaxnreg_inc<mk::kConsumerRegs>();
+#endif
+  const uint32_t bias = mk::g_bias_pair;
+  consumers_sync();
+  const unsigned long long c0 = clock64(), t0 = kt_globaltimer();
+  for (int r = 0; r < rounds; ++r) {
+    consume_version<V>(sm, unsigned(r) * STAGES, bias, sm->red[warp]);
+    consumers_sync();  // as the megakernel's item end: the warps' sums are read
+  }
+  const unsigned long long c1 = clock64(), t1 = kt_globaltimer();
+  if (tid == 0) {
+    times[2 * blockIdx.x] = c1 - c0;
+    times[2 * blockIdx.x + 1] = t1 - t0;
+  }
+  for (int i = tid; i < TILE; i += THREADS) {
+    float sum = 0;
+    for (int w = 0; w < WARPS; ++w) sum += sm->red[w][i];
+    y[size_t(blockIdx.x) * TILE + i] = sum;
+  }
+}
+
+__global__ void repack_kernel(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, uint8_t* out) {
+  mk::repack_stage(wq, sc, ze, TILE, 0, blockIdx.x, out + size_t(blockIdx.x) * sizeof(Stage));
+}
+
+struct Case {
+  const char* name;
+  void (*kernel)(const uint8_t*, const float*, int, float*, unsigned long long*);
+  bool checked;
+};
+
+}  // namespace study
+
+int main(int argc, char** argv) {
+  using namespace study;
+  using namespace ktune;
+  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
+  std::mt19937 rng(20261202);
+  // A tile's K x 128 weights in the spec's layout, its scales and zeros, x.
+  std::vector<uint8_t> wq(size_t(K / 2) * TILE);
+  std::vector<uint16_t> sc(size_t(K / mk::G) * TILE), ze(sc.size());
+  std::vector<float> x(K);
+  std::uniform_int_distribution<int> byte(0, 255), zero(0, 15);
+  std::uniform_real_distribution<float> scale(0.001f, 0.004f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& b : wq) b = uint8_t(byte(rng));
+  for (auto& s : sc) s = float_to_bf16(scale(rng));
+  for (auto& z : ze) z = float_to_bf16(float(zero(rng)));
+  for (auto& v : x) v = normal(rng);
+  // The reference: w = bf16(bf16(q - z) * s), x as its hi + lo parts.
+  std::vector<double> want(TILE, 0.0), scale_of(TILE, 0.0);
+  for (int k = 0; k < K; ++k) {
+    const double hi = round_bf16f(x[k]), xk = hi + round_bf16f(x[k] - float(hi));
+    for (int n = 0; n < TILE; ++n) {
+      const uint8_t b = wq[size_t(k / 2) * TILE + n];
+      const int q = k % 2 ? b >> 4 : b & 15;
+      const size_t gi = size_t(k / mk::G) * TILE + n;
+      const double w = round_bf16(round_bf16(q - bf16_to_float(ze[gi])) * bf16_to_float(sc[gi]));
+      want[n] += w * xk;
+      scale_of[n] += std::fabs(w * xk);
+    }
+  }
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int clock_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  uint8_t *d_wq, *d_stages;
+  uint16_t *d_sc, *d_ze;
+  float *d_x, *d_y;
+  unsigned long long* d_times;
+  CHECK(cudaMalloc(&d_wq, wq.size()));
+  CHECK(cudaMalloc(&d_sc, sc.size() * 2));
+  CHECK(cudaMalloc(&d_ze, ze.size() * 2));
+  CHECK(cudaMalloc(&d_x, x.size() * 4));
+  CHECK(cudaMalloc(&d_stages, size_t(STAGES) * sizeof(Stage)));
+  CHECK(cudaMalloc(&d_y, size_t(sms) * TILE * 4));
+  CHECK(cudaMalloc(&d_times, size_t(sms) * 2 * 8));
+  CHECK(cudaMemcpy(d_wq, wq.data(), wq.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_sc, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_ze, ze.data(), ze.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  repack_kernel<<<STAGES, 256>>>(d_wq, d_sc, d_ze, d_stages);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+
+  const Case cases[] = {{"v1 megakernel consume_stages", rate_kernel<kMegakernel>, true},
+                        {"v2 copy", rate_kernel<kCopy>, true},
+                        {"v3 Q4", rate_kernel<kQ4>, true},
+                        {"v4 Q8", rate_kernel<kQ8>, true},
+                        {"v5 no mbarriers", rate_kernel<kNoMbar>, true},
+                        {"v6 no dequant arithmetic", rate_kernel<kNoDequant>, false},
+                        {"v7 Q1", rate_kernel<kQ1>, true}};
+  const size_t smem = sizeof(Smem);
+  std::printf("consumer_rate: %d consumer warps (KT_THREADS %d), ring %d stages of %zu bytes, %d rounds, %d blocks, "
+              "SM clock %.0f MHz (nominal)\n",
+              WARPS, THREADS, STAGES, sizeof(Stage), rounds, sms, clock_khz / 1e3);
+  std::printf("%-32s %10s %10s %10s %12s %8s\n", "version", "cyc/stage", "ns/stage", "GB/s/blk", "TB/s (grid)",
+              "check");
+  int failed = 0;
+  for (const Case& cs : cases) {
+    bool wanted = argc <= 2;
+    for (int i = 2; i < argc; ++i) wanted = wanted || std::strncmp(cs.name, argv[i], std::strlen(argv[i])) == 0;
+    if (!wanted) continue;
+    CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaMemset(d_y, 0xff, size_t(sms) * TILE * 4));  // poisoned: NaN until written
+    cs.kernel<<<sms, KT_BLOCK_THREADS, smem>>>(d_stages, d_x, 1, d_y, d_times);  // warm-up, and the checked run
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<float> y(size_t(sms) * TILE);
+    CHECK(cudaMemcpy(y.data(), d_y, y.size() * 4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int b = 0; b < sms; ++b)
+      for (int n = 0; n < TILE; ++n) {
+        const double d = std::fabs(double(y[size_t(b) * TILE + n]) - want[n]) / (scale_of[n] + 1e-30);
+        worst = std::isfinite(d) ? std::max(worst, d) : 1e30;
+      }
+    const bool ok = worst < 1e-5;
+    cs.kernel<<<sms, KT_BLOCK_THREADS, smem>>>(d_stages, d_x, rounds, d_y, d_times);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> times(size_t(sms) * 2);
+    CHECK(cudaMemcpy(times.data(), d_times, times.size() * 8, cudaMemcpyDeviceToHost));
+    std::vector<double> cyc, ns;
+    for (int b = 0; b < sms; ++b) {
+      cyc.push_back(double(times[2 * b]) / (double(rounds) * STAGES));
+      ns.push_back(double(times[2 * b + 1]) / (double(rounds) * STAGES));
+    }
+    std::sort(cyc.begin(), cyc.end());
+    std::sort(ns.begin(), ns.end());
+    const double c_med = cyc[cyc.size() / 2], ns_med = ns[ns.size() / 2];
+    const double gbs = sizeof(Stage) / ns_med;
+    char check[32];
+    if (cs.checked) std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", worst);
+    else std::snprintf(check, sizeof check, "-");
+    std::printf("%-32s %10.1f %10.1f %10.1f %12.2f %8s  (blocks' ns/stage %.1f..%.1f)\n", cs.name, c_med, ns_med, gbs,
+                gbs * sms / 1e3, check, ns.front(), ns.back());
+    if (cs.checked && !ok) ++failed;
+  }
+  return failed ? 1 : 0;
+}
