@@ -628,4 +628,7 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   // Deeper rings of row tiles (attn_depth): 4 of 32 rows, 6 of 16.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 2}, {"attn_rows", 16}}));
+  // The scores' hi and lo chains apart (attn_chains 2), with one m16 tile and two.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_chains", 2}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_chains", 2}}));
 }

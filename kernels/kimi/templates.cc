@@ -77,6 +77,9 @@ KnobSpace cuda_mega_space() {
        "with the loader warp: at most n of a block's stage copies in flight (the loader waits for the n-th last "
        "to land before it issues the next), so that the weight stream queues less in front of the loads that "
        "the phases' staging, hand-offs and barriers wait for; 0: as many as the ring has free slots"},
+      {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
+       "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
+       "in two half as long (summed after), so that a warp waits less on each mma's latency"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -146,7 +149,7 @@ KnobSpace cuda_mega_space() {
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
-  for (const char* k : {"attn_rows", "attn_depth"})
+  for (const char* k : {"attn_rows", "attn_depth", "attn_chains"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared

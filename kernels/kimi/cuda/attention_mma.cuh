@@ -53,10 +53,13 @@ KT_DEV void load_query(AmFrag& f, int mt, int d0, int lane, Pair pair) {
   }
 }
 
-// s[mt][j] += Q[mt][ks] . rows 8 j .. 8 j + 7 over one 16-dim step; `row`
-// is this lane's ldmatrix address in the step (rows 0-7 | 8-15 x dims 0-7 | 8-15).
+// s[mt][j] += Q[mt][ks] . rows 8 j .. 8 j + 7 over one 16-dim step, the
+// queries' hi parts into s and their lo parts into s_lo (the same array, or
+// with KT_ATTN_CHAINS 2 another: two mma chains half as long); `row` is this
+// lane's ldmatrix address in the step (rows 0-7 | 8-15 x dims 0-7 | 8-15).
 template <int N>
-KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int ks, float (&s)[AM_MT][2][4]) {
+KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int ks, float (&s)[AM_MT][2][4],
+                          float (&s_lo)[AM_MT][2][4]) {
   uint32_t b[4];
   kt_ldmatrix_x4<false>(b, row);
   const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -64,8 +67,8 @@ KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int 
   for (int mt = 0; mt < AM_MT; ++mt) {
     kt_mma_bf16(s[mt][0], q[mt][ks].hi, b0);
     kt_mma_bf16(s[mt][1], q[mt][ks].hi, b1);
-    kt_mma_bf16(s[mt][0], q[mt][ks].lo, b0);
-    kt_mma_bf16(s[mt][1], q[mt][ks].lo, b1);
+    kt_mma_bf16(s_lo[mt][0], q[mt][ks].lo, b0);
+    kt_mma_bf16(s_lo[mt][1], q[mt][ks].lo, b1);
   }
 }
 
@@ -122,11 +125,19 @@ KT_DEV void am_scores(const AttMmaTile& T, AttMma& A, int w, int lane, const AmL
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15
-    float sc[AM_MT][2][4] = {};
+    float sc[AM_MT][2][4] = {}, sc_lo[AM_MT][2][4] = {};
+    float(&lo)[AM_MT][2][4] = KT_ATTN_CHAINS == 2 ? sc_lo : sc;
     const int row = 16 * sb + al.srow;
 #pragma unroll
-    for (int ks = 0; ks < AM_KS; ++ks) am_score_step(&T.c[row][w * AM_DW + 16 * ks + al.scol], q, ks, sc);
-    if (w < AM_RKS) am_score_step(&T.k[row][16 * w + al.scol], qr, 0, sc);
+    for (int ks = 0; ks < AM_KS; ++ks) am_score_step(&T.c[row][w * AM_DW + 16 * ks + al.scol], q, ks, sc, lo);
+    if (w < AM_RKS) am_score_step(&T.k[row][16 * w + al.scol], qr, 0, sc, lo);
+    if (KT_ATTN_CHAINS == 2)
+#pragma unroll
+      for (int mt = 0; mt < AM_MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sc[mt][j][i] += sc_lo[mt][j][i];
 #pragma unroll
     for (int mt = 0; mt < AM_MT; ++mt)
 #pragma unroll

@@ -59,6 +59,8 @@
 // (with a bulk feed: the chunks of a stage each consumer warp computes),
 // KT_INFLIGHT (with the loader: at most that many of a block's stage copies
 // in flight, 0: as many as the ring has free slots),
+// KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
+// accumulator chain, 1, or two, 2),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
 // router's logits, published by a fence and an atomic, or by one release /
