@@ -4,15 +4,18 @@
 // baseline, and the test variants. CI has
 // no GPU; this is how it knows the GPU code builds. Also: the knob settings
 // the space refuses before anything is built, and the knobs it treats as
-// inert (checked against the compiler's PTX).
+// inert (checked against the compiler's PTX), and the flags scripts/megakernel_defines.sh
+// gives the kernels built outside the renderer.
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <sstream>
 
 #include "agent/evaluator.h"
 #include "base/fs.h"
 #include "kernels/kimi/templates.h"
 #include "sandbox/build_cache.h"
+#include "sandbox/process.h"
 #include "variants/templates.h"
 
 using namespace ktune;
@@ -32,6 +35,44 @@ bool cuda_full_size(agent::BackendSpec* spec, kimi::KimiConfig* cfg) {
 }
 
 }  // namespace
+
+TEST_CASE("scripts/megakernel_defines.sh gives the full-size config's defines and every knob's default") {
+  // ptxas_check.sh and the consumer_rate study compile the megakernel with
+  // the script's flags, outside the renderer: they must be what a session
+  // builds at the defaults, or those checks measure another kernel.
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("full", &cfg, &err));
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  REQUIRE(mega);
+  std::map<std::string, std::string> want = kimi::config_defines(cfg);
+  for (auto& [k, v] : variants::knob_defines(mega->space, mega->space.complete(json::object()))) want[k] = v;
+  sandbox::ProcessSpec spec;
+  spec.argv = {"/bin/bash", std::string(KTUNE_SOURCE_DIR) + "/scripts/megakernel_defines.sh", "KT_THREADS=512"};
+  spec.workdir = std::string(KTUNE_BINARY_DIR) + "/defines_script";
+  spec.env = sandbox::clean_env(spec.workdir);
+  spec.limits.timeout_s = 30;
+  sandbox::ProcessResult r;
+  REQUIRE_MESSAGE(sandbox::run_process(spec, &r, &err), err);
+  REQUIRE_MESSAGE(r.ok(), r.describe() << ": " << r.err);
+  std::map<std::string, std::string> got;
+  std::istringstream words(r.out);
+  for (std::string w; words >> w;) {
+    REQUIRE_MESSAGE(w.rfind("-D", 0) == 0, w);
+    const size_t eq = w.find('=');
+    REQUIRE_MESSAGE(eq != std::string::npos, w);
+    got[w.substr(2, eq - 2)] = w.substr(eq + 1);
+  }
+  // An override replaces its default; everything else is the session's.
+  CHECK(got["KT_THREADS"] == "512");
+  got["KT_THREADS"] = want["KT_THREADS"];
+  for (auto& [k, v] : want) {
+    INFO(k);
+    REQUIRE(got.count(k));
+    CHECK(std::stod(got[k]) == doctest::Approx(std::stod(v)));
+  }
+  CHECK(got.size() == want.size());
+}
 
 TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch or do not exist") {
   const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
