@@ -2886,8 +2886,9 @@ KT_DEV void predictor_main(Ctx& c) {
 // KT_PREDICT: the layer's predicted experts (the top RSLOTS of the
 // predicted logits, polled until all their parts are written by the
 // predictor warps: predictor_main) into sm->pred, by the loader. Every
-// block's loader ranks the same words the same way, so all agree. An expert's key: the logit's
-// bits made unsigned-orderable, the low 6 replaced by the inverted index.
+// block's loader ranks the same words the same way, so all agree. An
+// expert's key: the logit's bits made unsigned-orderable, the low 6
+// replaced by the inverted index.
 // KT_PREDICT_MISS (tests) drops the best, so the routing misses one.
 KT_DEV void loader_predict(Ctx& c, int layer) {
   static_assert(E <= 64 && RSLOTS < 32 && RSLOTS < E, "two keys a lane, a rank a lane");
