@@ -102,13 +102,14 @@ kimi::KimiConfig tiny_mla(const char* name, int heads, int kv_lora) {
 
 // One step at contexts 0, 97 and 300 (two SMs) against the oracle: the
 // output hidden and the MLA layer's new cache row.
-void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const char* sms = "2") {
+void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const char* sms = "2",
+                        const Defines& more = {}) {
   std::string err;
   kimi::KimiWeights w;
   w.cfg = cfg;
   REQUIRE_MESSAGE(kimi::generate_weights(cfg, 5, &w.file, &err), err);
   REQUIRE_MESSAGE(w.bind(&err), err);
-  std::string so = build_emu(cfg, "kimi-mega-cuda", knobs);
+  std::string so = build_emu(cfg, "kimi-mega-cuda", knobs, "", more);
   setenv("KTUNE_EMU_SMS", sms, 1);
   measure::EmuBackend be(cfg);
   REQUIRE_MESSAGE(be.init(w, 512, &err), err);
@@ -315,6 +316,45 @@ TEST_CASE("emulated CUDA megakernel gathering k-split partials by polling reprod
   golden_through_emu("kimi-top8.safetensors", {{"gather", "poll"}});
 }
 
+TEST_CASE("emulated CUDA megakernel with the phases' inputs as tagged words reproduces golden kimi-top8") {
+  // flow tagged: no grid barrier before o_proj, the MoE gate/up and a
+  // layer's first phase; their staging polls the attention output, h and x
+  // as words tagged with the launch and the layer. With KT_FLOW_LATE every
+  // writer yields before its word, so the polls come first (with the polls
+  // removed, 155 of 228 checks fail). On 3 SMs the k-splits gather by
+  // counters, on 32 by polling: both alternate halves between consecutive
+  // phases.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"flow", "tagged"}}, "kimi-mega-cuda", {{"KT_FLOW_LATE", "1"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"flow", "tagged"}});
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  // tagged_o: o_proj's input only (the M layer's w_uv and o_proj then also meet without a barrier).
+  golden_through_emu("kimi-top8.safetensors", {{"flow", "tagged_o"}}, "kimi-mega-cuda", {{"KT_FLOW_LATE", "1"}});
+}
+
+TEST_CASE("emulated CUDA megakernel with tagged inputs and one or three layers matches the oracle") {
+  // flow tagged zeroes the spent gate/up sums after the layer's one grid
+  // barrier; with three layers the next launch's layer 0 zeroes the buffer
+  // the last launch's last layer used. With one layer every tagged word is
+  // layer 0's in every launch (only the launch in the tag tells them apart;
+  // the fibers' schedule never lets a poll overtake its writer here, so a
+  // tag without the launch passes too). Three steps in a row on 2 SMs.
+  for (const char* pattern : {"KKM", "M"}) {
+    kimi::KimiConfig cfg;
+    std::string err;
+    REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+    cfg.name = std::string("tiny-") + pattern;
+    cfg.pattern = pattern;
+    REQUIRE_MESSAGE(cfg.check(&err), err);
+    setenv("KTUNE_EMU_ORDER", "reverse", 1);
+    oracle_through_emu(cfg, {{"flow", "tagged"}}, "2", {{"KT_FLOW_LATE", "1"}});
+    unsetenv("KTUNE_EMU_ORDER");
+  }
+}
+
 TEST_CASE("emulated CUDA megakernel with the MoE routing predicted reproduces golden kimi-top8") {
   // predict top8 / top9: the loader warpgroup's spare warps predict the
   // router's logits as tagged words in parts (reset when the launch ends;
@@ -515,8 +555,12 @@ const char* kAttnHarness = R"(
 static void kt_attn_harness(const KimiDeviceArgs& a, const KtLaunchArgs& l) {
   mk::Ctx c{a, reinterpret_cast<mk::Scratch*>(a.scratch), reinterpret_cast<mk::Smem*>(kt_smem()), int(threadIdx.x),
             int(threadIdx.x) & 31, int(threadIdx.x) >> 5};
-  if (l.a[0]) mk::attn_phase_mma(c, a.layers[0].mla, a.context);
-  else mk::attn_phase(c, a.layers[0].mla, a.context);
+  if (l.a[0]) {
+    if (KT_ATTN_EARLY) mk::attn_issue_first(c, a.layers[0].mla, a.context);  // as before q_abs
+    mk::attn_phase_mma(c, a.layers[0].mla, a.context);
+  } else {
+    mk::attn_phase(c, a.layers[0].mla, a.context);
+  }
 }
 extern "C" int attn_harness(int mma, int grid, const void* args, char* err, int errlen) {
   KtLaunchArgs l{{mma, 0, 0, 0}};
@@ -631,4 +675,20 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   // The scores' hi and lo chains apart (attn_chains 2), with one m16 tile and two.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_chains", 2}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_chains", 2}}));
+  // The block's first tiles issued before the phase (attn_early), with 3 and 4 tiles in the ring.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}, {"attn_rows", 16}}));
+}
+
+TEST_CASE("emulated CUDA megakernel with the attention's first tiles issued early reproduces golden kimi-top8") {
+  // attn_early 1: the block's first attention tiles are issued when q_abs
+  // starts, with the loader (which must not refill the ring until the
+  // attention is done), on 3 and 32 SMs.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"attn_early", 1}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"attn_early", 1}});
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
 }

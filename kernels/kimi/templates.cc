@@ -80,6 +80,10 @@ KnobSpace cuda_mega_space() {
       {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
        "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
        "in two half as long (summed after), so that a warp waits less on each mma's latency"},
+      {"attn_early", "KT_ATTN_EARLY", {0, 1}, 0,
+       "mma attention: a block's first cached-row tiles issued after the grid barrier that starts the attention, "
+       "or in the q_abs phase before it, behind q_abs's own loads (the rows are written by then), so that their "
+       "DRAM round trip overlaps q_abs"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -123,6 +127,12 @@ KnobSpace cuda_mega_space() {
        "atomic counter and the others' partials on its path), or every item adds its sums into the layer's fp32 "
        "gate/up vector by atomics (their order, so the last bits, vary), which the down phase's staging reads "
        "after the barrier"},
+      {"flow", "KT_FLOW", {"barrier", "tagged", "tagged_o"}, "barrier",
+       "how o_proj, the MoE gate/up and a layer's first phase get their inputs (the attention output, h, x): "
+       "after a grid barrier, read; or written as words that carry their own validity (value and a tag of the "
+       "launch and layer) and polled by the phase's staging, with no barrier before it (one grid barrier a "
+       "layer is left; tagged_o: o_proj's input only; needs feed loader, reduce last, moe_reduce atomic, "
+       "predict off, kda_start barrier)"},
       {"numbering", "KT_NUMBERING", {"barrier", "launch"}, "barrier",
        "how a block numbers a GEMV phase's items (split_for's search): at the barrier before the phase, between "
        "its arrival and the grid's (the last block to arrive starts the phase after it; a copy of the search per "
@@ -149,7 +159,7 @@ KnobSpace cuda_mega_space() {
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
-  for (const char* k : {"attn_rows", "attn_depth", "attn_chains"})
+  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
@@ -208,6 +218,15 @@ KnobSpace cuda_mega_space() {
     if (p["feed"].get<std::string>() == "loader" &&
         (p["sched"].get<std::string>() != "static" || p["barrier"].get<std::string>() == "coop")) {
       *why = "feed loader needs sched static and a barrier other than coop";
+      return false;
+    }
+    // flow tagged keeps one grid barrier a layer and relies on what these
+    // settings leave between phases (megakernel.cu, flow_tag).
+    if (p["flow"].get<std::string>() != "barrier" &&
+        (p["feed"].get<std::string>() != "loader" || p["reduce"].get<std::string>() != "last" ||
+         p["moe_reduce"].get<std::string>() != "atomic" || p["predict"].get<std::string>() != "off" ||
+         p["kda_start"].get<std::string>() != "barrier")) {
+      *why = "flow tagged and tagged_o need feed loader, reduce last, moe_reduce atomic, predict off and kda_start barrier";
       return false;
     }
     // The lean loop is one shape: two batches in flight, scales one group ahead.

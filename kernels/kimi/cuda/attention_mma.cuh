@@ -182,6 +182,39 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
   }
 }
 
+// The cached rows [r0, r1) of item it's chunk, and its tiles.
+struct AmRows {
+  int r0, r1, ntiles;
+};
+KT_DEV AmRows am_rows(int it, int rows, int nch) {
+  const int ch = it / AM_PASSES % nch;
+  const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
+  return {r0, r1, (r1 - r0 + AM_ROWS - 1) / AM_ROWS};
+}
+// Tile s of those rows into its ring slot (none past the last), one cp.async group either way.
+KT_DEV void am_issue(Ctx& c, AttMma& A, const AttSrc& src, const AmRows& t, int s) {
+  if (s < t.ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], src, t.r0 + s * AM_ROWS, imin(AM_ROWS, t.r1 - t.r0 - s * AM_ROWS));
+  kt_cp_async_commit();
+}
+
+// KT_ATTN_EARLY 1: the block's first item's first AM_STAGES tiles, issued
+// in the q_abs phase (behind its own loads: issued before them, the ~110
+// KB a block delayed q_abs as much as they saved, RESULTS run 226) instead
+// of after the barrier that ends it. Every cached row is written by then
+// (the new one by q,kv_a's epilogue, before the barrier that precedes
+// q_abs), and q_abs leaves shared memory and cp.async alone; the loader
+// refills the ring only after the attention (attention_done). At 8192 rows
+// and more every block issues three 32-row tiles at once (~15 MB over the
+// grid), and the attention's start waited ~3.5 us for its first tile
+// behind them (run 226).
+KT_DEV void attn_issue_first(Ctx& c, const KtMlaLayer& L, int pos) {
+  const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+  if (int(blockIdx.x) >= items) return;
+  AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
+  const AmRows t = am_rows(blockIdx.x, rows, nch);
+  for (int s = 0; s < AM_STAGES; ++s) am_issue(c, A, AttSrc{L.c_kv, L.k_rope}, t, s);
+}
+
 KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
   const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
   const int lane = c.lane, w = c.warp;
@@ -193,13 +226,11 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int ps = it % AM_PASSES, hg = it / AM_PASSES / nch, ch = it / AM_PASSES % nch;
     const int h0 = hg * HG + ps * AM_HP, nh = imin(AM_HP, HG - ps * AM_HP);
-    const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
-    const int ntiles = (r1 - r0 + AM_ROWS - 1) / AM_ROWS;
-    auto issue = [&](int s) {
-      if (s < ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], src, r0 + s * AM_ROWS, imin(AM_ROWS, r1 - r0 - s * AM_ROWS));
-      kt_cp_async_commit();
-    };
-    for (int s = 0; s < AM_STAGES; ++s) issue(s);
+    const AmRows t = am_rows(it, rows, nch);
+    const int r0 = t.r0, r1 = t.r1, ntiles = t.ntiles;
+    auto issue = [&](int s) { am_issue(c, A, src, t, s); };
+    if (!KT_ATTN_EARLY || it != int(blockIdx.x))  // KT_ATTN_EARLY 1: attn_issue_first issued the block's first
+      for (int s = 0; s < AM_STAGES; ++s) issue(s);
     AmFrag q[AM_MT][AM_KS], qr[AM_MT][1];
     float o[AM_MT][AM_DW / 8][4] = {}, m[AM_SLOTS], l[AM_SLOTS];
     if (dims) {

@@ -341,6 +341,20 @@ KT_DEV unsigned kt_ld_relaxed(const unsigned* p) {
   return v;
 #endif
 }
+// Four such words at once (each is its own; the four are not one access).
+KT_DEV uint4 kt_ld_relaxed_v4(const uint4* p) {
+#ifdef KT_EMULATION
+  const volatile unsigned* w = reinterpret_cast<const volatile unsigned*>(p);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+#endif
+}
 KT_DEV void kt_st_relaxed(unsigned* p, unsigned v) {
 #ifdef KT_EMULATION
   *(volatile unsigned*)p = v;

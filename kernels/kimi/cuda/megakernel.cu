@@ -60,7 +60,13 @@
 // KT_INFLIGHT (with the loader: at most that many of a block's stage copies
 // in flight, 0: as many as the ring has free slots),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
-// accumulator chain, 1, or two, 2),
+// accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
+// block's first tiles issued in the q_abs phase, attn_issue_first),
+// KT_FLOW (0: a grid barrier before every phase; 1: none before o_proj,
+// the MoE gate/up and a layer's first phase: their inputs, the attention
+// output o, h and the next layer's x, are written as words that carry
+// their own validity and the phase's staging polls them, flow_tag; 2: only
+// o_proj's),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
 // from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
 // router's logits, published by a fence and an atomic, or by one release /
@@ -124,6 +130,12 @@
 #ifndef KT_PREDICT_FIX
 #define KT_PREDICT_FIX 1
 #endif
+// Tests only: KT_FLOW_LATE 1, with KT_FLOW 1 or 2 every tagged word's
+// writer first yields a while (in the emulator, to the fibers that poll
+// it), so the polls come before the words.
+#ifndef KT_FLOW_LATE
+#define KT_FLOW_LATE 0
+#endif
 
 namespace mk {
 
@@ -147,6 +159,8 @@ constexpr int kPredParts = 6;        // KT_PREDICT: warps' parts summed into eac
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
+// A GEMV phase's k-split partials' slots (KT_FLOW 1: half of them, flow_half).
+constexpr int kItemSlots = KT_FLOW ? kMaxItems / 2 : kMaxItems;
 constexpr int kMaxGemvPhases = 8 * KT_LAYERS;  // run_gemv_phase calls per launch, at most
 constexpr float kQkScale = 0.07216878364870322f;  // 192^-0.5, for QH = 192 (checked below)
 
@@ -169,6 +183,18 @@ static_assert(KT_LOGITS == 0 || KT_LOGITS == 1, "logits");
 static_assert(KT_GATHER == 0 || KT_GATHER == 1, "gather");
 static_assert(KT_PREDICT >= 0 && KT_PREDICT <= 2, "predict");
 static_assert(KT_PREDICT_STREAM == 0 || KT_PREDICT_STREAM == 1, "predict_stream");
+static_assert(KT_FLOW >= 0 && KT_FLOW <= 2, "flow");
+// KT_FLOW 1: h and x tagged too (KT_FLOW 2: the attention output o only).
+#define KT_FLOW_HX (KT_FLOW == 1)
+static_assert(KT_ATTN_EARLY == 0 || KT_ATTN_EARLY == 1, "attn_early");
+static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
+              "flow tagged: a GEMV phase's tiles fit half the counters");
+// flow tagged keeps one grid barrier a layer (before the KDA phase, before
+// q_abs), which orders what the removed ones ordered besides the tagged
+// inputs: see flow_tag.
+static_assert(KT_FLOW == 0 || (KT_FEED == 4 && KT_REDUCE == 0 && KT_MOE_REDUCE == 1 && KT_PREDICT == 0 &&
+                               KT_KDA_START == 0),
+              "flow tagged: feed loader, reduce last, moe_reduce atomic, predict off, kda_start barrier");
 // gather poll needs the prepare kernel (KT_FEED >= 1) to mark the partials.
 #define KT_GATHER_POLL (KT_GATHER == 1 && KT_FEED >= 1)
 static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1),
@@ -206,6 +232,14 @@ struct alignas(16) Scratch {
   alignas(16) float partials[kMaxItems * TILE];
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
+#if KT_FLOW
+  // The phases' inputs as tagged words (flow_tag): the attention output o
+  // (KDA's or w_uv's), h (o_proj's) and x (down's, the next layer's input).
+  alignas(16) unsigned flow_o[cmax(C, MO)];
+  alignas(16) unsigned flow_h[D];
+  alignas(16) unsigned flow_x[D];
+  unsigned epoch;  // launches ended (the last block out counts them)
+#endif
 #if KT_PREDICTED
   // KT_PREDICT: each layer's prediction of its router logits in parts, as
   // words that carry their validity (predictor_main; 0 until written, reset
@@ -365,6 +399,10 @@ struct Ctx {
   unsigned long long routed_at = 0;  // profile: when warp 0 computed this block's first routed gate/up item this layer
   ItemPlan plan;         // the numbering of GEMV phase plan_phase (a gemv_phases index), if barrier_before made it
   int plan_phase = -1;
+#if KT_FLOW
+  unsigned epoch = 0;  // Scratch::epoch when the launch started (flow_tag)
+  unsigned tag = 0;    // flow_tag of the current layer: what its tagged words carry
+#endif
 };
 
 // Profile: block 0 stamps (tag, time) at the start of each phase, tag
@@ -524,18 +562,99 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 constexpr int kNormLoads = cdiv(D / 8, THREADS);              // 16-byte loads per thread, RMSNorm
 constexpr int kVecLoads = cdiv(cmax(C, MO) / 8, THREADS);     // and a staged bf16 vector
 
-// xs = RMSNorm(x, w) as bf16 pairs; x was written earlier in this launch.
-KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
-  constexpr int V = D / 8, PER = kNormLoads;  // 8 values per 16-byte load
-  uint4 xv[PER], wv[PER];
+#if KT_FLOW
+// KT_FLOW 1: the inputs of o_proj, the MoE gate/up and a layer's first
+// phase (o, h, x) are written as words that carry their own validity,
+// bf16 value << 16 | tag, and that phase's staging polls them instead of
+// waiting at a grid barrier and then loading them: one L2 round trip for
+// the data and its readiness, as for the router's logits (RESULTS, run
+// 205). The tag names the launch and the layer that wrote the word: 1 +
+// (launches before * layers + layer) mod 65535, never 0 (the runner's
+// zeroed scratch) and unlike any (launch, layer) near it, so a word from an
+// earlier layer or launch is never taken for this one's. What the removed
+// barriers ordered besides these inputs stays ordered:
+// - a buffer's next write (the next layer's) comes after that layer's
+//   remaining grid barrier (before KDA, or before q_abs), which no block
+//   passes before every block has staged this layer's words;
+// - k-split partials and counters: consecutive GEMV phases use alternate
+//   halves (flow_half), so one phase's gatherer marking or resetting them
+//   never races with the next phase's items, which no barrier now follows;
+// - the MoE gate/up sums a layer zeroes for the next: after that barrier
+//   (zero_spent_gu), when every block's down phase before has read them.
+KT_DEV unsigned flow_tag(const Ctx& c, int layer) {
+  return 1u + (c.epoch * unsigned(KT_LAYERS) + unsigned(layer)) % 65535u;
+}
+KT_DEV void flow_put(const Ctx& c, unsigned* word, uint16_t v) {
+  for (int i = 0; i < 64 * KT_FLOW_LATE; ++i) __nanosleep(1000);
+  kt_st_relaxed(word, unsigned(v) << 16 | c.tag);
+}
+
+// v[i] = the 8 values of tagged words [8 u, 8 u + 8), as bf16 pairs, for
+// this thread's u = c.tid + i * THREADS < n8, once each word carries `tag`.
+// Warp 0 first waits for the last word of every aligned 32 (each is one
+// producer warp's store: KDA's, an epilogue's), one load a group, so the
+// grid's polls put ~130 loads a round on each of the vector's L2 lines
+// rather than ~1000 (every thread polling its own words: RESULTS, run 223;
+// the two measured alike, run 224). Then every thread loads its words, and
+// loads again any not yet written.
+constexpr int kFlowGroupLoads = cdiv(cdiv(cmax(C, MO), 32), 32);  // groups of 32 words a lane
+template <int PER>
+KT_DEV void poll_tagged(const Ctx& c, const unsigned* src, int n8, unsigned tag, uint4 (&v)[PER]) {
+  if (c.warp == 0) {
+    const int groups = n8 / 4;
+    for (;;) {
+      unsigned last[kFlowGroupLoads];
 #pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int v = c.tid + i * THREADS;
-    if (v < V) {
-      xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
-      wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
+      for (int i = 0; i < kFlowGroupLoads; ++i) {
+        const int g = c.lane + 32 * i;
+        last[i] = g < groups ? kt_ld_relaxed(src + 32 * g + 31) : tag;
+      }
+      bool written = true;
+#pragma unroll
+      for (int i = 0; i < kFlowGroupLoads; ++i) written = written && (last[i] & 0xffffu) == tag;
+      if (__all_sync(0xffffffffu, written)) break;
+      __nanosleep(64);
     }
   }
+  kt_block_sync();
+  const uint4* s4 = reinterpret_cast<const uint4*>(src);
+  uint4 w[PER][2];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int u = c.tid + i * THREADS;
+    if (u < n8) w[i][0] = kt_ld_relaxed_v4(s4 + 2 * u), w[i][1] = kt_ld_relaxed_v4(s4 + 2 * u + 1);
+  }
+  auto tagged = [tag](const uint4& q) {
+    return ((q.x & 0xffffu) == tag) & ((q.y & 0xffffu) == tag) & ((q.z & 0xffffu) == tag) & ((q.w & 0xffffu) == tag);
+  };
+  for (;;) {
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int u = c.tid + i * THREADS;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (u < n8 && !tagged(w[i][h])) {
+          all = false;
+          w[i][h] = kt_ld_relaxed_v4(s4 + 2 * u + h);
+        }
+    }
+    if (all) break;
+    __nanosleep(32);
+  }
+  auto pair = [](unsigned lo, unsigned hi) { return (lo >> 16) | (hi & 0xffff0000u); };
+#pragma unroll
+  for (int i = 0; i < PER; ++i)
+    v[i] = make_uint4(pair(w[i][0].x, w[i][0].y), pair(w[i][0].z, w[i][0].w), pair(w[i][1].x, w[i][1].y),
+                      pair(w[i][1].z, w[i][1].w));
+}
+#endif
+
+// xs = RMSNorm(x, w) as bf16 pairs, from x's and w's 16-byte pieces
+// (this thread's: c.tid + i * THREADS).
+template <int PER>
+KT_DEV void rmsnorm_to_xs(Ctx& c, const uint4 (&xv)[PER], const uint4 (&wv)[PER]) {
+  constexpr int V = D / 8;
   float ss = 0;
 #pragma unroll
   for (int i = 0; i < PER; ++i)
@@ -558,6 +677,29 @@ KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w) {
       }
   }
   kt_block_sync();
+}
+
+// xs = RMSNorm(x, w); x was written earlier in this launch (KT_FLOW 1:
+// tagged, by the layer whose flow_tag is `tag`; nullptr: plain, after a
+// grid barrier).
+KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w, const unsigned* tagged = nullptr,
+                          unsigned tag = 0) {
+  constexpr int V = D / 8, PER = kNormLoads;  // 8 values per 16-byte load
+  uint4 xv[PER], wv[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = c.tid + i * THREADS;
+    if (v < V) {
+      if (!tagged) xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
+      wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
+    }
+  }
+#if KT_FLOW
+  if (tagged) poll_tagged(c, tagged, V, tag, xv);
+#else
+  (void)tag;
+#endif
+  rmsnorm_to_xs(c, xv, wv);
 }
 
 // KT_REDUCE 1: the vector a carried phase (o_proj, down) would have written,
@@ -599,23 +741,31 @@ KT_DEV void stage_carried(Ctx& c, const float* sums, const uint16_t* res, const 
 
 // The input of a phase that opens a residual block: RMSNorm(vec) * w into
 // xs; or, when the phase before left its sums (KT_REDUCE 1), vec computed
-// from them and the residual `res`, and written to `out`.
-KT_DEV void stage_block_input(Ctx& c, const uint16_t* vec, const uint16_t* res, const uint16_t* w, uint16_t* out) {
+// from them and the residual `res`, and written to `out`; with KT_FLOW 1
+// and `tagged`, vec's tagged words (stage_rmsnorm).
+KT_DEV void stage_block_input(Ctx& c, const uint16_t* vec, const uint16_t* res, const uint16_t* w, uint16_t* out,
+                              const unsigned* tagged = nullptr, unsigned tag = 0) {
   if (c.carried)
     stage_carried(c, c.carried, res, w, out);
   else
-    stage_rmsnorm(c, vec, w);
+    stage_rmsnorm(c, vec, w, tagged, tag);
   c.carried = nullptr;
 }
 
-// xs = a bf16 vector of n (<= max(C, MO)) values written earlier in this launch.
-KT_DEV void stage_bf16(Ctx& c, const uint16_t* x, int n) {
+// xs = a bf16 vector of n (<= max(C, MO)) values written earlier in this
+// launch (tagged, tag: as stage_rmsnorm's).
+KT_DEV void stage_bf16(Ctx& c, const uint16_t* x, int n, const unsigned* tagged = nullptr, unsigned tag = 0) {
   constexpr int PER = kVecLoads;
   uint4 xv[PER];
+#if KT_FLOW
+  if (tagged) poll_tagged(c, tagged, n / 8, tag, xv);
+#else
+  (void)tag;
+#endif
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int v = c.tid + i * THREADS;
-    if (v < n / 8) xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
+    if (v < n / 8 && !tagged) xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
   }
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
@@ -1401,7 +1551,7 @@ KT_DEV int split_for(int tiles, int chunks, int extra_items, float extra_cost) {
   const int slots = int(gridDim.x) * KT_WAVES;
   int best = 1;
   float best_cost = 1e30f;
-  for (int s = (threadIdx.x & 31) + 1; s <= most && tiles * s <= kMaxItems; s += 32) {
+  for (int s = (threadIdx.x & 31) + 1; s <= most && tiles * s <= kItemSlots; s += 32) {
     const float cost =
         split_cost(tiles, s, kItemCostChunks + float(chunks) / float(s * WARPS), extra_items, extra_cost, slots);
     if (cost < best_cost) {
@@ -1479,8 +1629,8 @@ constexpr unsigned kUnwritten = 0xffffffffu;
 // the hand-off's path (RESULTS, run 208). Only when the phase has one item
 // a block (item.one_round), so split 0 never waits for an item queued
 // behind a waiting one. The sum's order is the counter's: split 0, 1, ...
-KT_DEV float gather_polled(Ctx& c, const Item& item, float y) {
-  unsigned* part = reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0) * TILE + c.tid;
+KT_DEV float gather_polled(Ctx& c, const Item& item, int slot0, float y) {
+  unsigned* part = reinterpret_cast<unsigned*>(c.s->partials) + size_t(slot0) * TILE + c.tid;
   constexpr int kBatch = 8;  // loads in flight at once
   for (int sp0 = 1; sp0 < item.S; sp0 += kBatch) {
     unsigned w[kBatch];
@@ -1504,9 +1654,14 @@ KT_DEV float gather_polled(Ctx& c, const Item& item, float y) {
   return y;
 }
 
+// KT_FLOW 1: which half of the k-split partials and counters this GEMV
+// phase uses (consecutive phases alternate; flow_tag says why).
+KT_DEV int flow_half(const Ctx& c) { return KT_FLOW ? (c.gemv_phases - 1) & 1 : 0; }
+
 template <class P>
 KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   const int tile = item.tile, split = item.split, S = item.S;
+  const int slot0 = item.slot0 + flow_half(c) * kItemSlots, count = tile + flow_half(c) * (kMaxTiles / 2);
   const bool first = c.items++ == 0;
   if (first) stamp(c, c.layer, kPhaseItem);
   item_sums(c, p, tile, item.kc0, item.kc1);
@@ -1532,15 +1687,15 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     if (split > 0) {
       // The other splits' sums are split 0's to add (gather_polled).
       if (c.tid < TILE)
-        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0 + split) * TILE + c.tid,
+        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(slot0 + split) * TILE + c.tid,
                       __float_as_uint(y));
       kt_block_sync();  // every warp's row of red was read: the block's next item clears them
       if (first) stamp(c, c.layer, kPhaseItemDone);
       return;
     }
-    if (c.tid < TILE) y = gather_polled(c, item, y);
+    if (c.tid < TILE) y = gather_polled(c, item, slot0, y);
   } else if (S > 1) {
-    if (c.tid < TILE) c.s->partials[size_t(item.slot0 + split) * TILE + c.tid] = y;
+    if (c.tid < TILE) c.s->partials[size_t(slot0 + split) * TILE + c.tid] = y;
     kt_block_sync();
     // One thread publishes the block's partials, after the block barrier
     // (cumulativity, as in a grid sync); a fence in every thread kept every
@@ -1548,10 +1703,10 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     // atomic is itself acquire-release, KT_HANDOFF 0: fence, then atomic.
     if (c.tid == 0) {
 #if KT_HANDOFF == 1
-      c.sm->flag = kt_atom_add_acq_rel(&c.s->counters[tile], 1) == S - 1;
+      c.sm->flag = kt_atom_add_acq_rel(&c.s->counters[count], 1) == S - 1;
 #else
       __threadfence();
-      c.sm->flag = atomicAdd(&c.s->counters[tile], 1) == S - 1;
+      c.sm->flag = atomicAdd(&c.s->counters[count], 1) == S - 1;
 #endif
     }
     kt_block_sync();
@@ -1564,13 +1719,13 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
 #endif
     y = 0;
     if (c.tid < TILE)
-      for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[size_t(item.slot0 + sp) * TILE + c.tid]);
+      for (int sp = 0; sp < S; ++sp) y += kt_ld_cg(&c.s->partials[size_t(slot0 + sp) * TILE + c.tid]);
     // KT_GATHER 1: a later phase may gather these slots by polling
     // (gather_polled), so they are marked unwritten again once read.
     if (KT_GATHER_POLL && c.tid < TILE)
       for (int sp = 0; sp < S; ++sp)
-        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(item.slot0 + sp) * TILE + c.tid, kUnwritten);
-    if (c.tid == 0) c.s->counters[tile] = 0;
+        kt_st_relaxed(reinterpret_cast<unsigned*>(c.s->partials) + size_t(slot0 + sp) * TILE + c.tid, kUnwritten);
+    if (c.tid == 0) c.s->counters[count] = 0;
   }
   if (c.tid < TILE) c.sm->ytile[c.tid] = y;
   kt_block_sync();
@@ -1959,7 +2114,11 @@ KT_DEV void kda_phase(Ctx& c, const KtKdaLayer& L, int layer, const KdaState& fi
     if (c.warp == 0) {
       float ot = 0;
       for (int w = 0; w < WARPS; ++w) ot += c.sm->part[1][w][c.lane];
+#if KT_FLOW
+      flow_put(c, &c.s->flow_o[h * KD + j], kt_f2bf(ot));
+#else
       c.s->kda_o[h * KD + j] = kt_f2bf(ot);
+#endif
     }
     kt_block_sync();
   }
@@ -1973,8 +2132,17 @@ struct Residual {
 KT_DEV Residual residual_of(const Ctx& c, const uint16_t* res, int tile) {
   return {c.tid < TILE ? kt_ld_cg(res + tile * TILE + c.tid) : uint16_t(0)};
 }
-KT_DEV void add_residual(const Ctx& c, uint16_t* out, int tile, const float* y, Residual r) {
-  if (c.tid < TILE) out[tile * TILE + c.tid] = kt_f2bf(kt_bf2f(r.v) + kt_round_bf16(y[c.tid]));
+// With KT_FLOW 1 and `tagged`, also as tagged words for the next phase (flow_tag).
+KT_DEV void add_residual(const Ctx& c, uint16_t* out, int tile, const float* y, Residual r,
+                         unsigned* tagged = nullptr) {
+  if (c.tid >= TILE) return;
+  const uint16_t v = kt_f2bf(kt_bf2f(r.v) + kt_round_bf16(y[c.tid]));
+  out[tile * TILE + c.tid] = v;
+#if KT_FLOW
+  if (tagged) flow_put(c, tagged + tile * TILE + c.tid, v);
+#else
+  (void)tagged;
+#endif
 }
 
 // o_proj: input staged once (bf16 [K]), output h = x + bf16(y).
@@ -1983,6 +2151,7 @@ struct OprojPhase : PhaseDefaults {
   const uint16_t* x;
   uint16_t* out;
   float* sums;  // KT_REDUCE 1: where the items add their sums (zero at launch start)
+  unsigned* tagged = nullptr;  // KT_FLOW 1: h as tagged words too, for the MoE's staging
   KT_DEV int plan_kind() const { return m.K == C ? kPlanOprojK : kPlanOprojM; }
   KT_DEV int tiles() const { return D / TILE; }
   KT_DEV int nseg(int) const { return 1; }
@@ -1992,7 +2161,7 @@ struct OprojPhase : PhaseDefaults {
   KT_DEV float* tile_sums(const Ctx&, int tile) const { return KT_REDUCE == 1 && sums ? sums + tile * TILE : nullptr; }
   using Operands = Residual;
   KT_DEV Operands operands(const Ctx& c, int tile) const { return residual_of(c, x, tile); }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r); }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r, tagged); }
 };
 
 // ---- M layer ------------------------------------------------------------------
@@ -2060,7 +2229,10 @@ KT_DEV QabsLoads qabs_load(Ctx& c, const KtMlaLayer& L, int it) {
 }
 
 // The q_abs phase; `first` holds the block's first item's loads.
-KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L, const QabsLoads& first) {
+// after_loads() runs once, when the block's first item has issued its
+// last loads (KT_ATTN_EARLY: the attention's first tiles go out behind them).
+template <class AfterLoads>
+KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L, const QabsLoads& first, AfterLoads after_loads) {
   static_assert((R / 2) % QA_PAIRS == 0 && G == 2 * QA_PAIRS, "q_abs items: one quantization group each");
   const int per_head = R / 2 / QA_PAIRS;
   const int sub = c.lane >> 3, c16 = (c.lane & 7) * 16;
@@ -2071,6 +2243,7 @@ KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L, const QabsLoads& first) {
     float q[16];
 #pragma unroll
     for (int b = 0; b < 16; ++b) q[b] = kt_bf2f(kt_ld_cg(&c.s->mla_q[h * QH + c16 + b]));
+    if (it == int(blockIdx.x)) after_loads();
 #pragma unroll
     for (int i = 0; i < QA_TRIPS; ++i) {
       const int rp = rp0 + c.warp * 4 + sub + i * WARPS * 4;
@@ -2095,6 +2268,7 @@ KT_DEV void qabs_phase(Ctx& c, const KtMlaLayer& L, const QabsLoads& first) {
       }
     }
   }
+  if (int(blockIdx.x) >= qabs_items()) after_loads();  // a block with no item
 }
 
 KT_DEV int attn_chunks(int rows) {
@@ -2357,7 +2531,11 @@ struct WuvPhase : PhaseDefaults {
     kt_block_sync();
   }
   KT_DEV void epilogue(Ctx& c, int h, const float* y, Operands) {
+#if KT_FLOW
+    if (c.tid < VH) flow_put(c, &c.s->flow_o[h * VH + c.tid], kt_f2bf(y[c.tid]));
+#else
     if (c.tid < VH) c.s->mla_o[h * VH + c.tid] = kt_f2bf(y[c.tid]);
+#endif
   }
 };
 
@@ -2627,6 +2805,7 @@ struct DownPhase : PhaseDefaults {
   uint16_t* out;
   float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
   const float* gu;  // the layer's gate and up sums (Scratch::gu)
+  unsigned* tagged = nullptr;  // KT_FLOW 1: the next layer's x as tagged words too, for its staging
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
   KT_DEV float* tile_sums(const Ctx&, int tile) const { return KT_REDUCE == 1 && sums ? sums + tile * TILE : nullptr; }
   KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }  // seg() reads the block's routing
@@ -2682,15 +2861,17 @@ struct DownPhase : PhaseDefaults {
   }
   using Operands = Residual;
   KT_DEV Operands operands(const Ctx& c, int tile) const { return residual_of(c, h, tile); }
-  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r); }
+  KT_DEV void epilogue(Ctx& c, int tile, const float* y, Operands r) { add_residual(c, out, tile, y, r, tagged); }
 };
 
 // Before phase p: start what p can load without the barrier's data (L2
 // prefetch, the first shared-memory stages), then wait for the grid. p's
 // item numbering is made once: before the barrier when those need it, else
-// between the block's arrival and the grid's.
+// between the block's arrival and the grid's. grid false (KT_FLOW 1's
+// points, flow_tag): all of that but the grid barrier, whose arrival the
+// profile still records; p's staging polls its input's tagged words.
 template <class P>
-KT_DEV void barrier_before(Ctx& c, P& p) {
+KT_DEV void barrier_before(Ctx& c, P& p, bool grid = true) {
   constexpr bool numbered_first = KT_PREFETCH || (KT_STAGES > 0 && KT_EARLY && KT_FEED != 4);
   auto number = [&] {
     if (KT_NUMBERING == 1) return;  // numbered when the launch started
@@ -2701,15 +2882,24 @@ KT_DEV void barrier_before(Ctx& c, P& p) {
   if (KT_PREFETCH) stamp(c, c.layer, kPhasePrefetch);
   prefetch_phase(c, p);
   early_issue(c, p);
-  barrier_arrive(c);
+  if (grid) {
+    barrier_arrive(c);
+  } else {
+    stamp(c, c.layer, kPhaseBarrier);
+    stamp_arrival(c);
+  }
   if (!numbered_first) number();
-  barrier_wait(c);
+  if (grid) barrier_wait(c);
 }
 
 // o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
 KT_DEV OprojPhase make_oproj(Ctx& c, int layer, const KtW4& w, int K, const uint16_t* x) {
   const size_t o_rp = layer_repack(layer) + (m_layer(layer) ? kMlaO : 4 * repack_bytes(D, C));
+#if KT_FLOW_HX
+  return OprojPhase{{}, OneMatrix{w, D, K, o_rp}, x, c.s->hbuf, c.s->carry[layer][0], c.s->flow_h};
+#else
   return OprojPhase{{}, OneMatrix{w, D, K, o_rp}, x, c.s->hbuf, c.s->carry[layer][0]};
+#endif
 }
 
 // Runs GEMV phase p; with the bulk feed, np is the next GEMV phase (nothing
@@ -2736,12 +2926,16 @@ KT_DEV void report_attn_out(const Ctx& c, int layer, int K) {
 
 template <class NP>
 KT_DEV void oproj_phase(Ctx& c, int layer, OprojPhase& oproj, int K, const uint16_t* o, const NP& next) {
-  barrier_before(c, oproj);
+  barrier_before(c, oproj, !KT_FLOW);
 #if KT_PREDICTED
   signal_loader(c, &c.sm->o_layers, unsigned(layer + 1));  // o is complete: predictor_main
 #endif
   stamp(c, layer, 4);
+#if KT_FLOW
+  stage_bf16(c, o, K, c.s->flow_o, c.tag);
+#else
   stage_bf16(c, o, K);
+#endif
   report_attn_out(c, layer, K);
   run_gemv_phase_before(c, oproj, next);
 #if KT_PREDICTED
@@ -2756,7 +2950,12 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next,
                  layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr, c.s->gu[layer % 2]};
   stamp(c, layer, 5);
+#if KT_FLOW_HX
+  if (layer < KT_LAYERS - 1) down.tagged = c.s->flow_x;
+  stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf, c.s->flow_h, c.tag);
+#else
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf);
+#endif
   stamp_event(c, kEventStaged);
   c.routed = false;
   run_gemv_phase_before(c, moe_a, down);
@@ -2790,6 +2989,34 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   // The routing is this layer's: the next layer's o_proj must not name a
   // routed gate/up tile with it (feedable).
   c.routed = false;
+}
+
+// KT_MOE_REDUCE 1: the gate/up sums of the layer before (of the last
+// launch's last layer, at layer 0) start again at zero, for the next layer
+// to add into. Its down phase read them: with KT_FLOW 0 the barrier before
+// this layer's first phase (or the launch boundary) ended it, and the call
+// comes after it; with KT_FLOW 1 that barrier is gone and the call comes
+// after the layer's first remaining one. The next layer adds into the
+// buffer only after this layer's down barrier.
+KT_DEV void zero_spent_gu(Ctx& c, int layer) {
+  if (KT_MOE_REDUCE != 1) return;
+  const int spent = layer > 0 ? (layer - 1) % 2 : (KT_LAYERS - 1) % 2;
+  for (int i = int(blockIdx.x) * THREADS + c.tid; i < GU_SLOTS * 2 * I; i += int(gridDim.x) * THREADS)
+    c.s->gu[spent][i] = 0.0f;
+}
+
+// The input of a layer's first phase: RMSNorm(x) (stage_block_input); with
+// KT_FLOW 1 after layer 0, x's tagged words, which the layer before wrote.
+KT_DEV void stage_layer_input(Ctx& c, int layer, const uint16_t* x, const uint16_t* w, uint16_t* x_carried) {
+#if KT_FLOW_HX
+  if (layer > 0) {
+    stage_block_input(c, x, c.s->hbuf, w, x_carried, c.s->flow_x, flow_tag(c, layer - 1));
+    return;
+  }
+#else
+  (void)layer;
+#endif
+  stage_block_input(c, x, c.s->hbuf, w, x_carried);
 }
 
 // KT_NUMBERING 1: each kind of GEMV phase's numbering into c.sm->plans,
@@ -3314,6 +3541,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   make_plans(c);
   kt_block_sync();
 #endif
+#if KT_FLOW
+  c.epoch = kt_ld_cg(&c.s->epoch);  // the last block out of the launch before counted it
+#endif
 #if KT_REDUCE == 1
   // The sums o_proj and down add into start at zero. Block 0's stores are
   // published by the first grid barrier; layer 0's o_proj comes after it.
@@ -3325,34 +3555,31 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     const uint16_t* x = layer == 0 ? a.x_in : c.s->xbuf[layer % 2];
     uint16_t* x_next = layer == KT_LAYERS - 1 ? a.x_out : c.s->xbuf[(layer + 1) % 2];
     uint16_t* x_carried = c.s->xbuf[layer % 2];  // KT_REDUCE 1: x, made from the last down phase's sums
+#if KT_FLOW
+    c.tag = flow_tag(c, layer);
+#endif
     // The barrier after the previous layer's down phase, before this
-    // layer's first GEMV (layer 0 starts the launch: no barrier).
+    // layer's first GEMV (layer 0 starts the launch: no barrier; KT_FLOW 1:
+    // none, the staging polls x's tagged words).
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       QkvgPhase first{{layer_repack(layer)}, Ly.kda, layer};
-      layer > 0 ? barrier_before(c, first) : early_issue(c, first);
+      layer > 0 ? barrier_before(c, first, !KT_FLOW_HX) : early_issue(c, first);
     } else {
       Mla1Phase first{{layer_repack(layer)}, Ly.mla, pos};
-      layer > 0 ? barrier_before(c, first) : early_issue(c, first);
+      layer > 0 ? barrier_before(c, first, !KT_FLOW_HX) : early_issue(c, first);
     }
     MoeAPhase next_moe{{moe_layer_repack(layer)}, Ly.moe, layer, moe_experts(c, layer)};
-    // KT_MOE_REDUCE 1: the gate/up sums of the layer before (of the last
-    // launch's last layer, at layer 0) start again at zero. Its down phase
-    // read them; the barrier above (the launch boundary) ended it, and the
-    // next layer to add into that buffer comes after this layer's barriers.
-    if (KT_MOE_REDUCE == 1) {
-      const int spent = layer > 0 ? (layer - 1) % 2 : (KT_LAYERS - 1) % 2;
-      for (int i = int(blockIdx.x) * THREADS + c.tid; i < GU_SLOTS * 2 * I; i += int(gridDim.x) * THREADS)
-        c.s->gu[spent][i] = 0.0f;
-    }
+    if (!KT_FLOW) zero_spent_gu(c, layer);
     if (((KT_PATTERN_M >> layer) & 1) == 0) {
       const KtKdaLayer& L = Ly.kda;
       QkvgPhase qkvg{{layer_repack(layer)}, L, layer};
       OprojPhase oproj = make_oproj(c, layer, L.o, C, x);
       stamp(c, layer, 0);
-      stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
+      stage_layer_input(c, layer, x, Ly.attn_norm, x_carried);
       run_gemv_phase_before(c, qkvg, oproj);  // the KDA update between them leaves the ring alone
       const KdaState kda_first = int(blockIdx.x) < kda_items() ? kda_load(c, L, blockIdx.x) : KdaState{};
       if (KT_KDA_START == 0) barrier(c);
+      if (KT_FLOW) zero_spent_gu(c, layer);
       stamp(c, layer, 1);
       kda_phase(c, L, layer, kda_first);
       oproj_phase(c, layer, oproj, C, c.s->kda_o, next_moe);
@@ -3360,12 +3587,17 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       const KtMlaLayer& L = Ly.mla;
       Mla1Phase mla1{{layer_repack(layer)}, L, pos};
       stamp(c, layer, 0);
-      stage_block_input(c, x, c.s->hbuf, Ly.attn_norm, x_carried);
+      stage_layer_input(c, layer, x, Ly.attn_norm, x_carried);
       run_gemv_phase(c, mla1);
       const QabsLoads qabs_first = int(blockIdx.x) < qabs_items() ? qabs_load(c, L, blockIdx.x) : QabsLoads{};
       barrier(c);
+      if (KT_FLOW) zero_spent_gu(c, layer);
       stamp(c, layer, 1);
-      qabs_phase(c, L, qabs_first);
+      qabs_phase(c, L, qabs_first, [&] {
+#if KT_ATTN == 1 && KT_ATTN_EARLY
+        attn_issue_first(c, L, pos);
+#endif
+      });
       barrier(c);
       stamp(c, layer, 2);
 #if KT_ATTN == 1
@@ -3381,7 +3613,7 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       run_gemv_phase_before(c, wuv, oproj);
       oproj_phase(c, layer, oproj, MO, c.s->mla_o, next_moe);
     }
-    barrier_before(c, next_moe);
+    barrier_before(c, next_moe, !KT_FLOW_HX);
     moe_layer(c, layer, Ly, next_moe, x, x_next);
   }
   stamp(c, KT_LAYERS, 8);
@@ -3403,6 +3635,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       for (int h = 0; h < KH; ++h) c.s->head_ready[l][h] = 0;  // no block reads them any more
 #endif
     for (int i = 0; i < kMaxGemvPhases; ++i) atomicExch(&c.s->next_item[i], 0u);
+#if KT_FLOW
+    atomicAdd(&c.s->epoch, 1u);  // the next launch's tags (flow_tag)
+#endif
 #if KT_BARRIER == 2
     atomicExch(&c.s->bar.count, 0u);
 #endif
