@@ -675,6 +675,9 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   // The scores' hi and lo chains apart (attn_chains 2), with one m16 tile and two.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_chains", 2}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_chains", 2}}));
+  // A tile's 16-row steps as loops (attn_rolled), 32- and 16-row tiles.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_rolled", 1}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_rolled", 1}, {"attn_rows", 16}}));
   // The block's first tiles issued before the phase (attn_early), with 3 and 4 tiles in the ring.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}, {"attn_rows", 16}}));

@@ -80,6 +80,9 @@ KnobSpace cuda_mega_space() {
       {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
        "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
        "in two half as long (summed after), so that a warp waits less on each mma's latency"},
+      {"attn_rolled", "KT_ATTN_ROLLED", {0, 1}, 0,
+       "mma attention: a tile's 16-row steps (scores and weighted sum) unrolled, or as loops (less code a tile, "
+       "for the instruction cache)"},
       {"attn_early", "KT_ATTN_EARLY", {0, 1}, 0,
        "mma attention: a block's first cached-row tiles issued after the grid barrier that starts the attention, "
        "or in the q_abs phase before it, behind q_abs's own loads (the rows are written by then), so that their "
@@ -159,7 +162,7 @@ KnobSpace cuda_mega_space() {
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
-  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early"})
+  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared

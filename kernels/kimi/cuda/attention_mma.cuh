@@ -32,6 +32,10 @@ constexpr int AM_MT = AM_HP / 16;                       // m16 head tiles per pa
 constexpr int AM_PASSES = (HG + AM_HP - 1) / AM_HP;     // passes over a chunk per item
 constexpr int AM_RKS = ROPE / 16;                       // rope steps: warp w < AM_RKS takes step w
 constexpr int AM_SUB = AM_ROWS / 16;                    // 16-row mma steps per tile
+// KT_ATTN_ROLLED 1: the 16-row steps of a tile's scores and weighted sum
+// as loops, not unrolled: ~40% less code a tile, as a third of the
+// attention's stall samples wait for instructions (RESULTS, run 230).
+constexpr int AM_SUB_UNROLL = KT_ATTN_ROLLED ? 1 : AM_SUB;
 constexpr int AM_PAIRS = AM_HP * AM_ROWS;               // (head, row) pairs of a tile's softmax
 constexpr int AM_SLOTS = (AM_PAIRS + THREADS - 1) / THREADS;
 static_assert(AM_ROWS % 16 == 0 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
@@ -123,7 +127,7 @@ struct AmLanes {
 KT_DEV void am_scores(const AttMmaTile& T, AttMma& A, int w, int lane, const AmLanes& al,
                       const AmFrag (&q)[AM_MT][AM_KS], const AmFrag (&qr)[AM_MT][1]) {
   const int g = lane >> 2, t = lane & 3;
-#pragma unroll
+#pragma unroll AM_SUB_UNROLL
   for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15
     float sc[AM_MT][2][4] = {}, sc_lo[AM_MT][2][4] = {};
     float(&lo)[AM_MT][2][4] = KT_ATTN_CHAINS == 2 ? sc_lo : sc;
@@ -163,7 +167,7 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
       o[mt][n][2] *= c1;
       o[mt][n][3] *= c1;
     }
-#pragma unroll
+#pragma unroll AM_SUB_UNROLL
     for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15 as the mma's k
       uint32_t ph[4], pl[4];
       kt_ldmatrix_x4<false>(ph, &A.p[0][16 * mt + al.prow][16 * sb + al.pcol]);

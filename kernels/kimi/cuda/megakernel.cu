@@ -62,6 +62,7 @@
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
 // block's first tiles issued in the q_abs phase, attn_issue_first),
+// KT_ATTN_ROLLED (mma attention, 1: a tile's 16-row steps as loops),
 // KT_FLOW (0: a grid barrier before every phase; 1: none before o_proj,
 // the MoE gate/up and a layer's first phase: their inputs, the attention
 // output o, h and the next layer's x, are written as words that carry
@@ -187,6 +188,7 @@ static_assert(KT_FLOW >= 0 && KT_FLOW <= 2, "flow");
 // KT_FLOW 1: h and x tagged too (KT_FLOW 2: the attention output o only).
 #define KT_FLOW_HX (KT_FLOW == 1)
 static_assert(KT_ATTN_EARLY == 0 || KT_ATTN_EARLY == 1, "attn_early");
+static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
               "flow tagged: a GEMV phase's tiles fit half the counters");
 // flow tagged keeps one grid barrier a layer (before the KDA phase, before
