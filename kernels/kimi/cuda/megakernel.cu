@@ -160,7 +160,7 @@ constexpr int kPredParts = 6;        // KT_PREDICT: warps' parts summed into eac
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
-// A GEMV phase's k-split partials' slots (KT_FLOW 1: half of them, flow_half).
+// A GEMV phase's k-split partials' slots (KT_FLOW 1 or 2: half of them, flow_half).
 constexpr int kItemSlots = KT_FLOW ? kMaxItems / 2 : kMaxItems;
 constexpr int kMaxGemvPhases = 8 * KT_LAYERS;  // run_gemv_phase calls per launch, at most
 constexpr float kQkScale = 0.07216878364870322f;  // 192^-0.5, for QH = 192 (checked below)
@@ -485,9 +485,14 @@ KT_DEV void stamp_event(Ctx& c, int event, unsigned long long at = 0) {
 
 // A grid barrier in two halves: the block's arrival, then the wait for the
 // others (a block can work in between: barrier_before).
-KT_DEV void barrier_arrive(Ctx& c) {
+// Profile: the block's arrival at a phase's end, with or without a grid
+// barrier there.
+KT_DEV void mark_arrival(Ctx& c) {
   stamp(c, c.layer, kPhaseBarrier);
   stamp_arrival(c);
+}
+KT_DEV void barrier_arrive(Ctx& c) {
+  mark_arrival(c);
   kt_grid_arrive<KT_BARRIER>(&c.s->bar, &c.target);
 }
 KT_DEV void barrier_wait(Ctx& c) { kt_grid_wait<KT_BARRIER>(&c.s->bar, &c.target); }
@@ -1656,7 +1661,7 @@ KT_DEV float gather_polled(Ctx& c, const Item& item, int slot0, float y) {
   return y;
 }
 
-// KT_FLOW 1: which half of the k-split partials and counters this GEMV
+// KT_FLOW 1 or 2: which half of the k-split partials and counters this GEMV
 // phase uses (consecutive phases alternate; flow_tag says why).
 KT_DEV int flow_half(const Ctx& c) { return KT_FLOW ? (c.gemv_phases - 1) & 1 : 0; }
 
@@ -2884,12 +2889,7 @@ KT_DEV void barrier_before(Ctx& c, P& p, bool grid = true) {
   if (KT_PREFETCH) stamp(c, c.layer, kPhasePrefetch);
   prefetch_phase(c, p);
   early_issue(c, p);
-  if (grid) {
-    barrier_arrive(c);
-  } else {
-    stamp(c, c.layer, kPhaseBarrier);
-    stamp_arrival(c);
-  }
+  grid ? barrier_arrive(c) : mark_arrival(c);
   if (!numbered_first) number();
   if (grid) barrier_wait(c);
 }
