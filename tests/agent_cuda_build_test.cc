@@ -242,6 +242,7 @@ TEST_CASE("all CUDA kernels compile for sm_90a") {
   const json registers = {{"stages", 0}, {"feed", "cp_async"}};
   points.push_back(registers);
   points.push_back({{"feed", "cp_async"}, {"early", 0}});  // the ring without the loader: early is live
+  points.push_back({{"attn_parts", 2}, {"attn_chains", 2}});  // two chains need the hi + lo parts
   for (const variants::Knob& k : mega->space.knobs) {
     if (k.name != "unroll" && k.name != "pipeline" && k.name != "scales" && k.name != "gemv_code" &&
         k.name != "load_hint" && k.name != "dequant")

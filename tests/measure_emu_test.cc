@@ -90,6 +90,17 @@ void golden_through_emu(const std::string& file, const json& knobs, const std::s
 }
 
 // The tiny model with its MLA layer resized.
+// The tiny model with another layer pattern (e.g. "KKM", "MKM").
+kimi::KimiConfig tiny_pattern(const char* pattern) {
+  kimi::KimiConfig cfg;
+  std::string err;
+  REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
+  cfg.name = std::string("tiny-") + pattern;
+  cfg.pattern = pattern;
+  REQUIRE_MESSAGE(cfg.check(&err), err);
+  return cfg;
+}
+
 kimi::KimiConfig tiny_mla(const char* name, int heads, int kv_lora) {
   kimi::KimiConfig cfg;
   std::string err;
@@ -343,14 +354,8 @@ TEST_CASE("emulated CUDA megakernel with tagged inputs and one or three layers m
   // the fibers' schedule never lets a poll overtake its writer here, so a
   // tag without the launch passes too). Three steps in a row on 2 SMs.
   for (const char* pattern : {"KKM", "M"}) {
-    kimi::KimiConfig cfg;
-    std::string err;
-    REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
-    cfg.name = std::string("tiny-") + pattern;
-    cfg.pattern = pattern;
-    REQUIRE_MESSAGE(cfg.check(&err), err);
     setenv("KTUNE_EMU_ORDER", "reverse", 1);
-    oracle_through_emu(cfg, {{"flow", "tagged"}}, "2", {{"KT_FLOW_LATE", "1"}});
+    oracle_through_emu(tiny_pattern(pattern), {{"flow", "tagged"}}, "2", {{"KT_FLOW_LATE", "1"}});
     unsetenv("KTUNE_EMU_ORDER");
   }
 }
@@ -582,8 +587,14 @@ extern "C" void attn_harness_layout(size_t* o) {
 // peaked softmax (where scores matter): per (chunk, head) the same max, sum
 // and weighted sum of latent rows. The mma path's bf16 hi + lo parts of the
 // queries and weights carry 16 significant bits (fp32: 24), so they agree to
-// a few 1e-5, not to the last bit.
+// a few 1e-5, not to the last bit. With attn_parts 1 (the default) they are
+// bf16 alone (8 bits: up to 2^-9 relative rounding each), and these queries'
+// large scores (|s| ~ 10) put the softmax's sums ~1-2% apart (the full-size
+// validation's attention output moved from 0.00355 to 0.00363 relative L2,
+// RESULTS run 233); a dropped row or dims step is far more.
 void compare_attention(int mla_heads, int kv_lora, const json& knobs) {
+  const json point = kimi::megakernel_template("cuda")->space.complete(knobs);
+  const double tol = point["attn_parts"].get<int>() == 1 ? 3e-2 : 1e-4;
   const kimi::KimiConfig cfg = tiny_mla("tiny", mla_heads, kv_lora);
   std::string so = build_emu(cfg, "kimi-mega-cuda", knobs, kAttnHarness);
   void* lib = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -648,9 +659,9 @@ void compare_attention(int mla_heads, int kv_lora, const json& knobs) {
     }
     std::printf("emu attention mma vs fma, %d heads x %d dims %s context %d: max rel diff m %.2e, l %.2e, o %.2e\n",
                 MH, R, knobs.dump().c_str(), context, worst_m, worst_l, worst_o);
-    CHECK(worst_m < 1e-4);
-    CHECK(worst_l < 1e-4);
-    CHECK(worst_o < 1e-4);
+    CHECK(worst_m < tol);
+    CHECK(worst_l < tol);
+    CHECK(worst_o < tol);
   }
   dlclose(lib);
 }
@@ -673,14 +684,21 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_depth", 2}, {"attn_rows", 16}}));
   // The scores' hi and lo chains apart (attn_chains 2), with one m16 tile and two.
-  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_chains", 2}}));
-  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_chains", 2}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_parts", 2}, {"attn_chains", 2}}));
+  compare_attention(
+      32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_parts", 2}, {"attn_chains", 2}}));
   // A tile's 16-row steps as loops (attn_rolled), 32- and 16-row tiles.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_rolled", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_rolled", 1}, {"attn_rows", 16}}));
   // The block's first tiles issued before the phase (attn_early), with 3 and 4 tiles in the ring.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}, {"attn_rows", 16}}));
+  // The cases above take the queries and probabilities as one bf16 part each
+  // (attn_parts 1, the default); as hi + lo parts with one m16 tile and two,
+  // 32- and 16-row tiles.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_parts", 2}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn_heads", 32}, {"attn", "mma"}, {"attn_parts", 2}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_parts", 2}, {"attn_rows", 16}}));
 }
 
 TEST_CASE("emulated CUDA megakernel with the attention's first tiles issued early reproduces golden kimi-top8") {
@@ -693,5 +711,24 @@ TEST_CASE("emulated CUDA megakernel with the attention's first tiles issued earl
   setenv("KTUNE_EMU_ORDER", "reverse", 1);
   golden_through_emu("kimi-top8.safetensors", {{"attn_early", 1}});
   unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
+TEST_CASE("emulated CUDA megakernel with the attention's tiles issued by spare warps matches golden and oracle") {
+  // attn_feed spare: the loader warpgroup's spare warps issue every tile
+  // from q_abs on, into the slots the block hands back, and the block waits
+  // for each on its slot's mbarrier: golden kimi-top8 on 3 and 32 SMs; then
+  // at contexts 0 (one row: a partial tile), 97 and 300 (more tiles than
+  // slots) with one M layer and with two (the slots' count goes on across
+  // attentions), the spare warps made late (KT_ATTN_LATE) so that the block
+  // reaches each tile first.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"attn_feed", "spare"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"attn_feed", "spare"}});
+  unsetenv("KTUNE_EMU_ORDER");
+  for (const char* pattern : {"KKM", "MKM"})
+    oracle_through_emu(tiny_pattern(pattern), {{"attn_feed", "spare"}}, "2", {{"KT_ATTN_LATE", "1"}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }

@@ -80,6 +80,10 @@ KnobSpace cuda_mega_space() {
       {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
        "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
        "in two half as long (summed after), so that a warp waits less on each mma's latency"},
+      {"attn_parts", "KT_ATTN_PARTS", {2, 1}, 1,
+       "mma attention: the queries and the softmax's probabilities as bf16 hi + lo parts (two mmas each, ~16 "
+       "significant bits) or as one bf16 part (half the mmas, 8 significant bits, as flash attention kernels "
+       "take them)"},
       {"attn_rolled", "KT_ATTN_ROLLED", {0, 1}, 0,
        "mma attention: a tile's 16-row steps (scores and weighted sum) unrolled, or as loops (less code a tile, "
        "for the instruction cache)"},
@@ -87,6 +91,10 @@ KnobSpace cuda_mega_space() {
        "mma attention: a block's first cached-row tiles issued after the grid barrier that starts the attention, "
        "or in the q_abs phase before it, behind q_abs's own loads (the rows are written by then), so that their "
        "DRAM round trip overlaps q_abs"},
+      {"attn_feed", "KT_ATTN_FEED", {"threads", "spare"}, "threads",
+       "mma attention: the cached-row tiles issued by the block's threads (cp.async), or by the loader "
+       "warpgroup's two spare warps (cp.async, from the q_abs phase on, into slots the block hands back), so "
+       "that the block's threads never stall issuing them"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -162,7 +170,7 @@ KnobSpace cuda_mega_space() {
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
-  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled"})
+  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled", "attn_parts", "attn_feed"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
@@ -195,6 +203,19 @@ KnobSpace cuda_mega_space() {
     if (p["attn"].get<std::string>() == "mma" && p["attn_depth"].get<int>() > 0 &&
         (p["blocks_per_sm"].get<int>() > 1 || p["attn_depth"].get<int>() * p["attn_rows"].get<int>() > 32)) {
       *why = "attn_depth > 0 needs blocks_per_sm 1, and attn_depth 2 needs attn_rows 16 (shared memory)";
+      return false;
+    }
+    // attn_chains 2 puts the queries' lo part in a chain of its own; with one part there is none.
+    if (p["attn"].get<std::string>() == "mma" && p["attn_parts"].get<int>() == 1 && p["attn_chains"].get<int>() == 2) {
+      *why = "attn_chains 2 needs attn_parts 2 (a chain for the queries' lo part)";
+      return false;
+    }
+    // attn_feed spare: the loader warpgroup's spare warps issue every tile (attn_early would issue the
+    // first ones too); under predict they are the predictor's.
+    if (p["attn"].get<std::string>() == "mma" && p["attn_feed"].get<std::string>() == "spare" &&
+        (p["feed"].get<std::string>() != "loader" || p["attn_early"].get<int>() != 0 ||
+         p["predict"].get<std::string>() != "off")) {
+      *why = "attn_feed spare needs feed loader, attn_early 0 and predict off";
       return false;
     }
     // The bulk feed streams the staged path's stages into mma fragments.

@@ -12,11 +12,12 @@
 //  1. scores S^T[h, t] (M = 16 heads, N = 8 rows, K = dims): warp w < AM_WD
 //     takes latent dims [w AM_DW, (w + 1) AM_DW), warps 0..3 one 16-dim rope
 //     step each; queries stay in registers as bf16 hi + lo fragments (two
-//     mmas: 16 significant bits instead of bf16's 8), B fragments come from
-//     the padded rows by ldmatrix. Each warp writes its partial scores.
+//     mmas: 16 significant bits instead of bf16's 8; KT_ATTN_PARTS 1: the
+//     hi part alone, one mma), B fragments come from the padded rows by
+//     ldmatrix. Each warp writes its partial scores.
 //  2. AM_ROWS threads per head sum the partials, update the head's running max
 //     and sum, and write p = exp(s - m) (bf16 hi + lo again) and the head's
-//     rescale factor exp(m_old - m).
+//     rescale factor exp(m_old - m) (KT_ATTN_PARTS 1: p as bf16 alone).
 //  3. O[h, dims] = O * rescale + P[h, rows] c_kv[rows, dims] for the warp's
 //     dims (M = 16 heads, K = 16 rows, N = 8 dims; B by ldmatrix.trans).
 // Step 3 of tile s and step 1 of tile s + 1 run between the same two block
@@ -40,10 +41,12 @@ constexpr int AM_PAIRS = AM_HP * AM_ROWS;               // (head, row) pairs of 
 constexpr int AM_SLOTS = (AM_PAIRS + THREADS - 1) / THREADS;
 static_assert(AM_ROWS % 16 == 0 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
 
-// A query fragment (16 heads x 16 dims) as bf16 hi + lo parts.
+// A query fragment (16 heads x 16 dims) as bf16 hi + lo parts (KT_ATTN_PARTS
+// 1: lo is never read, and the compiler drops it).
 struct AmFrag {
   uint32_t hi[4], lo[4];
 };
+constexpr bool AM_LO = KT_ATTN_PARTS == 2;  // the queries' and probabilities' lo parts take part
 
 // pair(h, d): the fp32 query values of pass-local head h at dims d, d + 1.
 template <class Pair>
@@ -71,8 +74,10 @@ KT_DEV void am_score_step(const uint16_t* row, const AmFrag (&q)[AM_MT][N], int 
   for (int mt = 0; mt < AM_MT; ++mt) {
     kt_mma_bf16(s[mt][0], q[mt][ks].hi, b0);
     kt_mma_bf16(s[mt][1], q[mt][ks].hi, b1);
-    kt_mma_bf16(s_lo[mt][0], q[mt][ks].lo, b0);
-    kt_mma_bf16(s_lo[mt][1], q[mt][ks].lo, b1);
+    if (AM_LO) {
+      kt_mma_bf16(s_lo[mt][0], q[mt][ks].lo, b0);
+      kt_mma_bf16(s_lo[mt][1], q[mt][ks].lo, b1);
+    }
   }
 }
 
@@ -106,7 +111,7 @@ KT_DEV void am_softmax(Ctx& c, AttMma& A, int rows_here, float (&m)[AM_SLOTS], f
     m[j] = mn;
     const uint16_t hi = kt_f2bf(p);
     A.p[0][h][r] = hi;
-    A.p[1][h][r] = kt_f2bf(p - kt_bf2f(hi));
+    if (AM_LO) A.p[1][h][r] = kt_f2bf(p - kt_bf2f(hi));
     if (r == 0) A.corr[h] = corr;
   }
 }
@@ -171,7 +176,7 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
     for (int sb = 0; sb < AM_SUB; ++sb) {  // rows 16 sb .. 16 sb + 15 as the mma's k
       uint32_t ph[4], pl[4];
       kt_ldmatrix_x4<false>(ph, &A.p[0][16 * mt + al.prow][16 * sb + al.pcol]);
-      kt_ldmatrix_x4<false>(pl, &A.p[1][16 * mt + al.prow][16 * sb + al.pcol]);
+      if (AM_LO) kt_ldmatrix_x4<false>(pl, &A.p[1][16 * mt + al.prow][16 * sb + al.pcol]);
 #pragma unroll
       for (int np = 0; np < AM_DW / 16; ++np) {
         uint32_t b[4];
@@ -179,8 +184,10 @@ KT_DEV void am_weighted_sum(const AttMmaTile& T, const AttMma& A, int w, int lan
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         kt_mma_bf16(o[mt][2 * np], ph, b0);
         kt_mma_bf16(o[mt][2 * np + 1], ph, b1);
-        kt_mma_bf16(o[mt][2 * np], pl, b0);
-        kt_mma_bf16(o[mt][2 * np + 1], pl, b1);
+        if (AM_LO) {
+          kt_mma_bf16(o[mt][2 * np], pl, b0);
+          kt_mma_bf16(o[mt][2 * np + 1], pl, b1);
+        }
       }
     }
   }
@@ -232,8 +239,32 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     const int h0 = hg * HG + ps * AM_HP, nh = imin(AM_HP, HG - ps * AM_HP);
     const AmRows t = am_rows(it, rows, nch);
     const int r0 = t.r0, r1 = t.r1, ntiles = t.ntiles;
-    auto issue = [&](int s) { am_issue(c, A, src, t, s); };
-    if (!KT_ATTN_EARLY || it != int(blockIdx.x))  // KT_ATTN_EARLY 1: attn_issue_first issued the block's first
+    // KT_ATTN_FEED 0: the block's threads issue the tiles (cp.async groups;
+    // KT_ATTN_EARLY 1: attn_issue_first issued the block's first). 1: the
+    // spare warps issue them (attention_spare_main), tile k of the launch
+    // into slot k % AM_STAGES, and the block waits for each on the slot's
+    // full mbarrier and hands the slot back on its empty one.
+    const unsigned k0 = c.att_tiles;
+    c.att_tiles += unsigned(ntiles);
+    auto slot = [&](int s) { return KT_ATTN_SPARE ? int((k0 + unsigned(s)) % AM_STAGES) : s % AM_STAGES; };
+    auto issue = [&](int s) {
+      if (!KT_ATTN_SPARE) am_issue(c, A, src, t, s);
+    };
+    auto await = [&](int s) {  // tile s has landed (KT_ATTN_FEED 1; KT_ATTN_FEED 0 waits for its cp.async groups)
+#if KT_ATTN_SPARE
+      if (s < ntiles) kt_mbar_wait(&c.sm->att_full[slot(s)], ((k0 + unsigned(s)) / AM_STAGES) & 1);
+#else
+      (void)s;
+#endif
+    };
+    auto release = [&](int s) {  // after a block barrier: every warp is done with tile s
+#if KT_ATTN_SPARE
+      if (c.tid == 0) kt_mbar_arrive(&c.sm->att_empty[slot(s)]);
+#else
+      (void)s;
+#endif
+    };
+    if (!KT_ATTN_EARLY || it != int(blockIdx.x))
       for (int s = 0; s < AM_STAGES; ++s) issue(s);
     AmFrag q[AM_MT][AM_KS], qr[AM_MT][1];
     float o[AM_MT][AM_DW / 8][4] = {}, m[AM_SLOTS], l[AM_SLOTS];
@@ -262,21 +293,24 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     // weighted sum of tile s and the scores of tile s + 1 (independent mma
     // chains, so they overlap), and after a second one tile s + 1's softmax.
     kt_cp_async_wait<AM_STAGES - 1>();
+    await(0);
     kt_block_sync();
-    if (dims) am_scores(A.tile[0], A, w, lane, al, q, qr);
+    if (dims) am_scores(A.tile[slot(0)], A, w, lane, al, q, qr);
     kt_block_sync();
     am_softmax(c, A, imin(AM_ROWS, r1 - r0), m, l);
     for (int s = 0; s < ntiles; ++s) {
       stamp(c, c.layer, kPointTileWait, true);
       kt_cp_async_wait<AM_STAGES - 2>();
+      await(s + 1);
       kt_block_sync();  // tile s + 1 is in, tile s's probabilities are out
       stamp(c, c.layer, kPointTileMma, true);
       if (dims) {
-        am_weighted_sum(A.tile[s % AM_STAGES], A, w, lane, al, o);
-        if (s + 1 < ntiles) am_scores(A.tile[(s + 1) % AM_STAGES], A, w, lane, al, q, qr);
+        am_weighted_sum(A.tile[slot(s)], A, w, lane, al, o);
+        if (s + 1 < ntiles) am_scores(A.tile[slot(s + 1)], A, w, lane, al, q, qr);
       }
       stamp(c, c.layer, kPointTileSoftmax, true);
       kt_block_sync();  // tile s is used up, tile s + 1's partial scores are in
+      release(s);
       issue(s + AM_STAGES);
       if (s + 1 < ntiles) am_softmax(c, A, imin(AM_ROWS, r1 - r0 - (s + 1) * AM_ROWS), m, l);
     }

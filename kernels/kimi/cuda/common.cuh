@@ -312,6 +312,15 @@ KT_DEV void kt_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
+// One arrival on `bar`, made when this thread's earlier cp.async copies have
+// landed (the mbarrier's count includes it: .noinc).
+KT_DEV void kt_cp_async_mbar_arrive(uint64_t* bar) {
+#ifdef KT_EMULATION
+  kt_emu::mbar_arrive(bar, 0);  // the emulator's copies land when issued
+#else
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(kt_smem_addr(bar)) : "memory");
+#endif
+}
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
 // shared memory, completing on `bar`; first to evict from L2 (weights are
 // read once per step).

@@ -62,7 +62,12 @@
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
 // block's first tiles issued in the q_abs phase, attn_issue_first),
+// KT_ATTN_FEED (mma attention: 0, the block's threads issue its row tiles
+// by cp.async; 1, the loader warpgroup's spare warps issue them, from q_abs
+// on, attention_spare_main),
 // KT_ATTN_ROLLED (mma attention, 1: a tile's 16-row steps as loops),
+// KT_ATTN_PARTS (mma attention: the queries and probabilities as bf16 hi +
+// lo parts, 2, or as one bf16 part, 1),
 // KT_FLOW (0: a grid barrier before every phase; 1: none before o_proj,
 // the MoE gate/up and a layer's first phase: their inputs, the attention
 // output o, h and the next layer's x, are written as words that carry
@@ -137,6 +142,12 @@
 #ifndef KT_FLOW_LATE
 #define KT_FLOW_LATE 0
 #endif
+// Tests only: KT_ATTN_LATE 1, with KT_ATTN_FEED 1 the spare warps yield a
+// while before issuing each attention tile, so that the consumers reach the
+// tile first and must wait for it.
+#ifndef KT_ATTN_LATE
+#define KT_ATTN_LATE 0
+#endif
 
 namespace mk {
 
@@ -188,7 +199,14 @@ static_assert(KT_FLOW >= 0 && KT_FLOW <= 2, "flow");
 // KT_FLOW 1: h and x tagged too (KT_FLOW 2: the attention output o only).
 #define KT_FLOW_HX (KT_FLOW == 1)
 static_assert(KT_ATTN_EARLY == 0 || KT_ATTN_EARLY == 1, "attn_early");
+// KT_ATTN_FEED and KT_ATTN_PARTS act on the mma attention only (the fma one ignores them).
+#define KT_ATTN_SPARE (KT_ATTN == 1 && KT_ATTN_FEED == 1)
+static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDICTED),
+              "attn_feed spare: the loader warpgroup (its spare warps, the predictor's under predict), no tiles "
+              "issued by attn_early");
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
+static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
+static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
               "flow tagged: a GEMV phase's tiles fit half the counters");
 // flow tagged keeps one grid barrier a layer (before the KDA phase, before
@@ -276,6 +294,7 @@ struct alignas(16) AttTile {
 // where two m16 tiles' accumulators and queries (2 AM_DW registers) fit.
 constexpr int AM_ROWS = KT_ATTN_ROWS;  // cached rows per tile (16 or 32: two m16n8k16 row steps)
 constexpr int AM_STAGES = (KT_BLOCKS_PER_SM == 1 ? (AM_ROWS == 16 ? 4 : 3) : 2) + KT_ATTN_DEPTH;
+constexpr int kSpareThreads = 64;  // KT_ATTN_FEED 1: the loader warpgroup's warps 1 and 2 issue the tiles
 constexpr int AM_WMAX = 16 / KT_BLOCKS_PER_SM;
 // Warps that split the latent dims: a power of two, so the dims split evenly
 // (12 warps use 8; the others skip those steps).
@@ -355,6 +374,12 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+#if KT_ATTN_SPARE
+  // KT_ATTN_FEED 1: q_abs phases whose loads the block has issued (the
+  // spare warps may then issue attention tiles), and the tile slots' mbarriers.
+  unsigned qabs_layers;
+  uint64_t att_full[AM_STAGES], att_empty[AM_STAGES];
+#endif
 #if KT_PREDICTED
   // Layers whose attention output o is complete (o_proj's barrier passed:
   // predictor_main starts), and whose o_proj items this block has done
@@ -391,6 +416,7 @@ struct Ctx {
   const float* carried = nullptr;  // KT_REDUCE 1: the sums the last GEMV phase left for the next staging
   unsigned fed = 0;    // KT_FEED > 0: stages thread 0 has issued into the ring this launch
   unsigned eaten = 0;  // KT_FEED > 0: stages the block has passed (every thread counts)
+  unsigned att_tiles = 0;  // KT_ATTN_FEED 1: attention tiles of this launch so far (the spare warps' issued, the block's eaten)
   int pre = 0;         // KT_FEED > 0: stages of the block's next GEMV item already issued
   // KT_FEED 2, 3: the block's GEMV item after the current one, when known
   // (name_next): its stages' count, first group, groups per segment (its
@@ -537,8 +563,10 @@ KT_DEV void signal_loader(Ctx& c, unsigned* flag, unsigned v) {
   (void)v;
 #endif
 }
-KT_DEV void loader_wait(const unsigned* flag, unsigned target) {
-  while (*reinterpret_cast<const volatile unsigned*>(flag) < target) __nanosleep(20);
+// `nap`: ns between polls (a long wait may poll seldom, leaving the SM's
+// issue slots to the consumers).
+KT_DEV void loader_wait(const unsigned* flag, unsigned target, unsigned nap = 20) {
+  while (*reinterpret_cast<const volatile unsigned*>(flag) < target) __nanosleep(nap);
   __threadfence_block();
 }
 
@@ -2307,8 +2335,10 @@ struct AttSrc {
   const uint16_t* k_rope;  // its rope keys, row 0
 };
 
-template <class Tile>  // AttTile, or AttMmaTile (rows padded)
-KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int rows) {
+// Rows [t0, t0 + rows) of the cache into `tile` (rows past them zeroed) by
+// NT threads, this one number `tid` of them.
+template <int NT, class Tile>  // AttTile, or AttMmaTile (rows padded)
+KT_DEV void issue_att_rows(Tile& tile, const AttSrc& src, int t0, int rows, unsigned tid) {
   // A thread copies the same 16-byte piece of every RP-th latent row: its
   // piece, first row and both addresses are fixed per thread, so each copy
   // is an add and a compare. Written with signed indices and a loop
@@ -2317,9 +2347,9 @@ KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int ro
   constexpr unsigned CP = R / 8, KP = ROPE / 8;  // 16-byte pieces per row
   constexpr unsigned TILE_ROWS = sizeof(tile.c) / sizeof(tile.c[0]);
   constexpr unsigned CS = sizeof(tile.c[0]) / 2, KS = sizeof(tile.k[0]) / 2;  // row strides, padding included
-  constexpr unsigned RP = THREADS / CP, PASSES = (TILE_ROWS + RP - 1) / RP;  // latent rows per pass of the block
-  static_assert(THREADS % CP == 0, "whole latent rows per pass");
-  const unsigned tid = unsigned(c.tid), q = tid % CP, r0 = tid / CP;
+  constexpr unsigned RP = NT / CP, PASSES = (TILE_ROWS + RP - 1) / RP;  // latent rows per pass of the NT threads
+  static_assert(NT % CP == 0, "whole latent rows per pass");
+  const unsigned q = tid % CP, r0 = tid / CP;
   const uint16_t* from = src.c_kv + (size_t(t0) + r0) * R + q * 8;
   uint16_t* to = &tile.c[0][0] + r0 * CS + q * 8;
 #pragma unroll
@@ -2329,12 +2359,16 @@ KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int ro
     kt_cp_async16<KT_CACHE_HINT>(to + k * RP * CS, valid ? from + k * RP * R : src.c_kv, valid);
   }
 #pragma unroll
-  for (unsigned i = tid; i < TILE_ROWS * KP; i += THREADS) {
+  for (unsigned i = tid; i < TILE_ROWS * KP; i += NT) {
     const unsigned r = i / KP, p = i % KP;
     const bool valid = int(r) < rows;
     kt_cp_async16<KT_CACHE_HINT>(&tile.k[0][0] + r * KS + p * 8,
                                  valid ? src.k_rope + (size_t(t0) + r) * ROPE + p * 8 : src.c_kv, valid);
   }
+}
+template <class Tile>
+KT_DEV void issue_att_tile(Ctx& c, Tile& tile, const AttSrc& src, int t0, int rows) {
+  issue_att_rows<THREADS>(tile, src, t0, rows, unsigned(c.tid));
 }
 
 KT_DEV void row_values(const AttTile& tile, int r, int lane, float (&cv)[LPL]) {
@@ -3292,6 +3326,39 @@ KT_DEV void prefetch_first_stages(Ctx& c, const P& p) {
   }
 }
 
+#if KT_ATTN_SPARE
+// KT_ATTN_FEED 1: the loader warpgroup's warps 1 and 2 issue the block's
+// attention tiles by cp.async, from each M layer's q_abs phase on (once the
+// consumers have issued q_abs's loads and so are done with the ring's
+// memory, which the tiles take): tile k of the launch into slot k %
+// AM_STAGES once the block has handed the slot back (att_empty). Each
+// thread's arrival on att_full follows its copies (the mbarrier counts the
+// 64 threads). The copies stall these warps, not the consumers (RESULTS,
+// run 227: ~27 cp.async a consumer thread cost q_abs ~3 us).
+KT_DEV void attention_spare_main(Ctx& c) {
+  const unsigned u = unsigned(c.tid - THREADS - 32);  // 0 .. kSpareThreads - 1
+  unsigned nth = 0;
+  for (int layer = 0; layer < KT_LAYERS; ++layer) {
+    if (!m_layer(layer)) continue;
+    const KtMlaLayer& L = c.a.layers[layer].mla;
+    loader_wait(&c.sm->qabs_layers, ++nth, 500);  // most of the launch: polls seldom
+    const int rows = c.a.context + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+    AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
+    for (int it = blockIdx.x; it < items; it += gridDim.x) {
+      const AmRows t = am_rows(it, rows, nch);
+      for (int s = 0; s < t.ntiles; ++s) {
+        const unsigned k = c.att_tiles++, slot = k % AM_STAGES;
+        if (k >= unsigned(AM_STAGES)) kt_mbar_wait(&c.sm->att_empty[slot], (k / AM_STAGES - 1) & 1);
+        for (int i = 0; i < 64 * KT_ATTN_LATE; ++i) __nanosleep(1000);
+        issue_att_rows<kSpareThreads>(A.tile[slot], AttSrc{L.c_kv, L.k_rope}, t.r0 + s * AM_ROWS,
+                                      imin(AM_ROWS, t.r1 - t.r0 - s * AM_ROWS), u);
+        kt_cp_async_mbar_arrive(&c.sm->att_full[slot]);
+      }
+    }
+  }
+}
+#endif
+
 KT_DEV void loader_main(Ctx& c) {
   unsigned m_layers = 0;
   for (int layer = 0; layer < KT_LAYERS; ++layer) {
@@ -3516,6 +3583,13 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       kt_mbar_init(&c.sm->full[i], 1);  // thread 0's arrival with the copy's bytes
       kt_mbar_init(&c.sm->empty[i], FEED_WPG);  // the warps of the group that takes the stage
     }
+#if KT_ATTN_SPARE
+    for (int i = 0; i < AM_STAGES; ++i) {
+      kt_mbar_init(&c.sm->att_full[i], kSpareThreads);  // each spare thread's, when its copies have landed
+      kt_mbar_init(&c.sm->att_empty[i], 1);  // thread 0's, after the block's barrier
+    }
+    c.sm->qabs_layers = 0;
+#endif
     kt_mbar_fence_init();
     c.sm->routed_layers = 0;
     c.sm->attentions = 0;
@@ -3532,6 +3606,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   if (c.tid >= THREADS) {
     kt_setmaxnreg_dec<kLoaderRegs>();
     if (c.warp == WARPS) loader_main(c);
+#if KT_ATTN_SPARE
+    if (c.warp == WARPS + 1 || c.warp == WARPS + 2) attention_spare_main(c);
+#endif
 #if KT_PREDICTED
     if (c.warp > WARPS) predictor_main(c);
 #endif
@@ -3596,8 +3673,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       if (KT_FLOW) zero_spent_gu(c, layer);
       stamp(c, layer, 1);
       qabs_phase(c, L, qabs_first, [&] {
-#if KT_ATTN == 1 && KT_ATTN_EARLY
+#if KT_ATTN == 1 && KT_ATTN_EARLY == 1
         attn_issue_first(c, L, pos);
+#elif KT_ATTN_SPARE
+        signal_loader(c, &c.sm->qabs_layers, c.sm->qabs_layers + 1);
 #endif
       });
       barrier(c);
