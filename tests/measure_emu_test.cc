@@ -413,13 +413,7 @@ TEST_CASE("emulated CUDA megakernel with an odd number of layers starts every la
   // layer's parity), and each buffer is zeroed after its down phase read it.
   // With three layers the next launch's layer 0 takes the buffer the last
   // layer used: three steps in a row (one launch each) against the oracle.
-  kimi::KimiConfig cfg;
-  std::string err;
-  REQUIRE(kimi::KimiConfig::preset("tiny", &cfg, &err));
-  cfg.name = "tiny-three-layers";
-  cfg.pattern = "KKM";
-  REQUIRE_MESSAGE(cfg.check(&err), err);
-  oracle_through_emu(cfg, {{"moe_reduce", "atomic"}});
+  oracle_through_emu(tiny_pattern("KKM"), {{"moe_reduce", "atomic"}});
 }
 
 TEST_CASE("emulated profiled megakernel stamps every block's arrival at each grid barrier") {

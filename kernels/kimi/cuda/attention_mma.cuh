@@ -202,6 +202,8 @@ KT_DEV AmRows am_rows(int it, int rows, int nch) {
   const int r0 = int(size_t(ch) * rows / nch), r1 = int(size_t(ch + 1) * rows / nch);
   return {r0, r1, (r1 - r0 + AM_ROWS - 1) / AM_ROWS};
 }
+// The attention's items: chunks x head groups x passes of AM_HP heads.
+KT_DEV int am_items(int nch) { return (MH / HG) * nch * AM_PASSES; }
 // Tile s of those rows into its ring slot (none past the last), one cp.async group either way.
 KT_DEV void am_issue(Ctx& c, AttMma& A, const AttSrc& src, const AmRows& t, int s) {
   if (s < t.ntiles) issue_att_tile(c, A.tile[s % AM_STAGES], src, t.r0 + s * AM_ROWS, imin(AM_ROWS, t.r1 - t.r0 - s * AM_ROWS));
@@ -219,7 +221,7 @@ KT_DEV void am_issue(Ctx& c, AttMma& A, const AttSrc& src, const AmRows& t, int 
 // grid), and the attention's start waited ~3.5 us for its first tile
 // behind them (run 226).
 KT_DEV void attn_issue_first(Ctx& c, const KtMlaLayer& L, int pos) {
-  const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+  const int rows = pos + 1, nch = attn_chunks(rows), items = am_items(nch);
   if (int(blockIdx.x) >= items) return;
   AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
   const AmRows t = am_rows(blockIdx.x, rows, nch);
@@ -227,7 +229,7 @@ KT_DEV void attn_issue_first(Ctx& c, const KtMlaLayer& L, int pos) {
 }
 
 KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
-  const int rows = pos + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+  const int rows = pos + 1, nch = attn_chunks(rows), items = am_items(nch);
   const int lane = c.lane, w = c.warp;
   // This warp takes latent dims [w AM_DW, (w + 1) AM_DW); a constant when every warp does.
   const bool dims = AM_WD == WARPS || w < AM_WD;

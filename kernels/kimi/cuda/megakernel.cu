@@ -3342,7 +3342,7 @@ KT_DEV void attention_spare_main(Ctx& c) {
     if (!m_layer(layer)) continue;
     const KtMlaLayer& L = c.a.layers[layer].mla;
     loader_wait(&c.sm->qabs_layers, ++nth, 500);  // most of the launch: polls seldom
-    const int rows = c.a.context + 1, nch = attn_chunks(rows), items = (MH / HG) * nch * AM_PASSES;
+    const int rows = c.a.context + 1, nch = attn_chunks(rows), items = am_items(nch);
     AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
     for (int it = blockIdx.x; it < items; it += gridDim.x) {
       const AmRows t = am_rows(it, rows, nch);
@@ -3673,7 +3673,7 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       if (KT_FLOW) zero_spent_gu(c, layer);
       stamp(c, layer, 1);
       qabs_phase(c, L, qabs_first, [&] {
-#if KT_ATTN == 1 && KT_ATTN_EARLY == 1
+#if KT_ATTN == 1 && KT_ATTN_EARLY
         attn_issue_first(c, L, pos);
 #elif KT_ATTN_SPARE
         signal_loader(c, &c.sm->qabs_layers, c.sm->qabs_layers + 1);
