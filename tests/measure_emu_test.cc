@@ -687,6 +687,10 @@ TEST_CASE("emulated CUDA megakernel's mma attention phase writes the fma phase's
   // The block's first tiles issued before the phase (attn_early), with 3 and 4 tiles in the ring.
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}}));
   compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_early", 1}, {"attn_rows", 16}}));
+  // An item's first tile issued alone, the others once it has landed (attn_first), 32- and 16-row tiles.
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_first", 1}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_first", 1}, {"attn_rows", 16}}));
+  compare_attention(32, 512, cp_async_path({{"threads", 256}, {"attn", "mma"}, {"attn_first", 1}, {"attn_early", 1}}));
   // The cases above take the queries and probabilities as one bf16 part each
   // (attn_parts 1, the default); as hi + lo parts with one m16 tile and two,
   // 32- and 16-row tiles.
@@ -705,6 +709,8 @@ TEST_CASE("emulated CUDA megakernel with the attention's first tiles issued earl
   setenv("KTUNE_EMU_ORDER", "reverse", 1);
   golden_through_emu("kimi-top8.safetensors", {{"attn_early", 1}});
   unsetenv("KTUNE_EMU_ORDER");
+  // With attn_first 1 only the first tile goes out early; the rest follow at the phase's start.
+  oracle_through_emu(tiny_pattern("MKM"), {{"attn_early", 1}, {"attn_first", 1}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
@@ -724,5 +730,7 @@ TEST_CASE("emulated CUDA megakernel with the attention's tiles issued by spare w
   unsetenv("KTUNE_EMU_ORDER");
   for (const char* pattern : {"KKM", "MKM"})
     oracle_through_emu(tiny_pattern(pattern), {{"attn_feed", "spare"}}, "2", {{"KT_ATTN_LATE", "1"}});
+  // attn_first 1: the spare warps wait for an item's first tile to land before they issue the next.
+  oracle_through_emu(tiny_pattern("MKM"), {{"attn_feed", "spare"}, {"attn_first", 1}}, "2", {{"KT_ATTN_LATE", "1"}});
   setenv("KTUNE_EMU_SMS", "3", 1);
 }

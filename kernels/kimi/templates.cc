@@ -91,6 +91,10 @@ KnobSpace cuda_mega_space() {
        "mma attention: a block's first cached-row tiles issued after the grid barrier that starts the attention, "
        "or in the q_abs phase before it, behind q_abs's own loads (the rows are written by then), so that their "
        "DRAM round trip overlaps q_abs"},
+      {"attn_first", "KT_ATTN_FIRST", {0, 1}, 0,
+       "mma attention: an item's ring of cached-row tiles issued at once, or its first tile alone and the "
+       "others once it has landed (every block starts together, and the first tiles land sooner without the "
+       "rest of the ring in front of them); with attn_early 1 only the first tile is issued in the q_abs phase"},
       {"attn_feed", "KT_ATTN_FEED", {"threads", "spare"}, "threads",
        "mma attention: the cached-row tiles issued by the block's threads (cp.async), or by the loader "
        "warpgroup's two spare warps (cp.async, from the q_abs phase on, into slots the block hands back), so "
@@ -103,9 +107,10 @@ KnobSpace cuda_mega_space() {
       {"split_cost", "KT_SPLIT_COST", {"rounds", "blocks"}, "blocks",
        "how a phase's k-split is chosen: rounds of equal items x an item's cost, or each block's items "
        "summed with row items and lead tiles at their own smaller cost"},
-      {"cache_hint", "KT_CACHE_HINT", {"plain", "evict_first"}, "evict_first",
-       "attention: the latent cache rows loaded plainly (they may stay in L2 for the next step), or marked "
-       "first to evict from L2 (the router's rows and the KDA state stay instead)"},
+      {"cache_hint", "KT_CACHE_HINT", {"plain", "evict_first", "evict_last"}, "evict_first",
+       "attention: the latent cache rows loaded plainly (they may stay in L2 for the next step), marked "
+       "first to evict from L2 (the router's rows and the KDA state stay instead), or marked last to evict "
+       "(the cache stays in L2 for the next step while the weights, loaded evict-first, stream through)"},
       {"gather", "KT_GATHER", {"counter", "poll"}, "poll",
        "how a k-split tile's partial sums meet (where the phase has one item a block): every item counts "
        "itself in by an atomic and the last one reads the others' partials, or split 0 polls the others' "
@@ -170,7 +175,8 @@ KnobSpace cuda_mega_space() {
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
-  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled", "attn_parts", "attn_feed"})
+  for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled", "attn_parts", "attn_feed",
+                        "attn_first"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared

@@ -225,7 +225,8 @@ KT_DEV void attn_issue_first(Ctx& c, const KtMlaLayer& L, int pos) {
   if (int(blockIdx.x) >= items) return;
   AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
   const AmRows t = am_rows(blockIdx.x, rows, nch);
-  for (int s = 0; s < AM_STAGES; ++s) am_issue(c, A, AttSrc{L.c_kv, L.k_rope}, t, s);
+  // KT_ATTN_FIRST: the first tile alone (the others follow once it has landed, in attn_phase_mma).
+  for (int s = 0; s < (KT_ATTN_FIRST ? 1 : AM_STAGES); ++s) am_issue(c, A, AttSrc{L.c_kv, L.k_rope}, t, s);
 }
 
 KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
@@ -266,8 +267,14 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
       (void)s;
 #endif
     };
+    // KT_ATTN_FIRST 1: the first tile alone, the ring's others once it has
+    // landed (below). Every block starts its attention at once, and with all
+    // of a ring's tiles issued (~15 MB over the grid at 8192 rows and more)
+    // each block's first tile lands behind the others' (run 221: the start
+    // took 6-7 us there against 5 with one tile a block).
+    constexpr int kFirstIssued = KT_ATTN_FIRST ? 1 : AM_STAGES;
     if (!KT_ATTN_EARLY || it != int(blockIdx.x))
-      for (int s = 0; s < AM_STAGES; ++s) issue(s);
+      for (int s = 0; s < kFirstIssued; ++s) issue(s);
     AmFrag q[AM_MT][AM_KS], qr[AM_MT][1];
     float o[AM_MT][AM_DW / 8][4] = {}, m[AM_SLOTS], l[AM_SLOTS];
     if (dims) {
@@ -294,6 +301,10 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     // Tile 0's scores and softmax; then per tile s, after one barrier, the
     // weighted sum of tile s and the scores of tile s + 1 (independent mma
     // chains, so they overlap), and after a second one tile s + 1's softmax.
+    if (KT_ATTN_FIRST && !KT_ATTN_SPARE) {
+      kt_cp_async_wait<0>();
+      for (int s = 1; s < AM_STAGES; ++s) issue(s);
+    }
     kt_cp_async_wait<AM_STAGES - 1>();
     await(0);
     kt_block_sync();

@@ -187,9 +187,12 @@ KT_DEV uint4 kt_ld_weights(const void* p) {
   return v;
 #else
   uint4 v;
-  if (hint == 1) {
+  if (hint == 1 || hint == 2) {
     uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    if (hint == 1)
+      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
     asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p), "l"(policy));
@@ -223,7 +226,8 @@ KT_DEV uint16_t kt_ld_cg(const uint16_t* p) {
 // once, so commit and wait are no-ops there. hint 1 marks the line first to
 // evict from L2: for data read once per step (the MLA cache), so that it does
 // not push out what the next phases and the next step read again (the
-// router's rows, the KDA state).
+// router's rows, the KDA state); hint 2 marks it last to evict, so that the
+// cache itself stays for the next step while the weights stream through.
 template <int hint = 0>
 KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
 #ifdef KT_EMULATION
@@ -231,9 +235,12 @@ KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
   else memset(smem, 0, 16);
 #else
   unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  if (hint == 1) {
+  if (hint == 1 || hint == 2) {
     uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    if (hint == 1)
+      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
                  "r"(valid ? 16 : 0), "l"(policy));
   } else {

@@ -65,6 +65,9 @@
 // KT_ATTN_FEED (mma attention: 0, the block's threads issue its row tiles
 // by cp.async; 1, the loader warpgroup's spare warps issue them, from q_abs
 // on, attention_spare_main),
+// KT_ATTN_FIRST (mma attention, 1: an item's first row tile issued alone,
+// the rest of its ring once that one has landed; with KT_ATTN_EARLY, only
+// the first tile goes out in the q_abs phase),
 // KT_ATTN_ROLLED (mma attention, 1: a tile's 16-row steps as loops),
 // KT_ATTN_PARTS (mma attention: the queries and probabilities as bf16 hi +
 // lo parts, 2, or as one bf16 part, 1),
@@ -74,7 +77,7 @@
 // their own validity and the phase's staging polls them, flow_tag; 2: only
 // o_proj's),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
-// from L2), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
+// from L2; 2: last to evict, so that they stay there for the next step), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
 // router's logits, published by a fence and an atomic, or by one release /
 // acquire-release atomic), KT_GATHER (0: a k-split tile's items count
 // themselves in by an atomic and the last sums the partials; 1: split 0
@@ -205,6 +208,7 @@ static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDI
               "attn_feed spare: the loader warpgroup (its spare warps, the predictor's under predict), no tiles "
               "issued by attn_early");
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
+static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
@@ -3353,6 +3357,8 @@ KT_DEV void attention_spare_main(Ctx& c) {
         issue_att_rows<kSpareThreads>(A.tile[slot], AttSrc{L.c_kv, L.k_rope}, t.r0 + s * AM_ROWS,
                                       imin(AM_ROWS, t.r1 - t.r0 - s * AM_ROWS), u);
         kt_cp_async_mbar_arrive(&c.sm->att_full[slot]);
+        // KT_ATTN_FIRST: the item's first tile alone (attn_phase_mma says why).
+        if (KT_ATTN_FIRST && s == 0 && t.ntiles > 1) kt_mbar_wait(&c.sm->att_full[slot], (k / AM_STAGES) & 1);
       }
     }
   }

@@ -26,6 +26,11 @@
 //   v6  v2 without the dequant arithmetic (the nibble pairs straight into
 //       the mma; not checked): what the bf16 subtract and multiply cost
 //   v7  Q 1: every warp a chunk of every stage (one group)
+//   v8  v2 with one of the three nibble shifts an mma's registers need as
+//       the high word of a product (IMAD.HI, off the ALU pipe)
+//   v9  v2 with all three as such products
+//   v10 v2 with the warp's next stage's weights and scales read from
+//       shared memory before its current stage is computed
 //
 // What it showed on the H200 (RESULTS.md, 2026-12-02, runs 216 and 220): v1
 // eats a stage in 276 ns a block at 8 warps (4.16 TB/s over 132 blocks, as
@@ -35,7 +40,9 @@
 // 235 ns, but the megakernel spills heavily at 384 threads. In the
 // megakernel 4 or 1 chunks a warp (knob feed_chunks) made the step 5-7 us
 // slower: its items are a few stages long, and there a stage's latency
-// from landing to released counts more than the rate.
+// from landing to released counts more than the rate. Run 241: v8 303, v9
+// 370, v10 334 ns against v2's 268 (IMAD.HI costs more than a shift; the
+// read-ahead only adds register moves).
 //
 // Build (the megakernel's full-size defines, no GPU needed; KT_THREADS=384
 // or 512 for 12 or 16 consumer warps):
@@ -68,7 +75,33 @@ using mk::WARPS;
 constexpr int K = STAGES * mk::G;  // a round: the ring's stages, one item of STAGES groups
 static_assert(K <= mk::KMAX, "the staged input holds K");
 
-enum Version { kMegakernel = 1, kCopy, kQ4, kQ8, kNoMbar, kNoDequant, kQ1 };
+enum Version { kMegakernel = 1, kCopy, kQ4, kQ8, kNoMbar, kNoDequant, kQ1, kMulHi1, kMulHi3, kAhead };
+
+// v8, v9: a chunk whose nibble shifts (registers 1..SHIFTS of an mma, of
+// the 3 that need one) are high words of products (IMAD.HI, on the FMA
+// pipe) instead of SHF (on the ALU pipe, with every LOP3). mul[r] = 2^(32 -
+// 4r), read from memory so that ptxas cannot turn the product back into a
+// shift.
+template <int SHIFTS>
+__device__ __forceinline__ void chunk_mulhi(const uint4& wa, const uint4& wb, const uint32_t (&ss)[8],
+                                            const uint32_t (&zz)[8], uint32_t bias, const uint32_t (&mul)[4],
+                                            const uint32_t* xh, const uint32_t* xl, int lc, float (&mma_acc)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t* xsrc = g == 0 ? xh : xl;
+  uint32_t b[2] = {g < 2 ? xsrc[lc * 8 + t] : 0u, g < 2 ? xsrc[lc * 8 + t + 4] : 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = mk::word_of(j < 4 ? wa : wb, j & 3);
+    uint32_t a[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t v = r == 0 ? w : r <= SHIFTS ? __umulhi(w, mul[r]) : w >> (4 * r);
+      a[r] = mk::dequant_col((v & 0x000f000fu) | bias, ss, zz, 2 * j + (r & 1));
+    }
+    kt_mma_bf16(mma_acc[j], a, b);
+  }
+}
+__device__ uint32_t g_shift_mul[4] = {1u, 1u << 28, 1u << 24, 1u << 20};
 
 // The study's copy of the consumers' loop (mk::consume_stages), with the
 // chunks a warp takes per stage (Q) and the probes as parameters.
@@ -117,6 +150,83 @@ __device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, ui
   }
 }
 
+// v8-v10: the study's loop with the chunk computed by `Chunk` (MODE 1, 3:
+// chunk_mulhi<MODE>) or (MODE 0, AHEAD) with the warp's next stage's
+// weights and scales read from shared memory before the current one is
+// computed (its full mbarrier waited for first: resident here, so this
+// shows what hiding the loads' latency is worth).
+template <int MODE, bool AHEAD>
+__device__ __noinline__ void consume_alt(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
+  constexpr int Q = mk::FEED_Q, WPG = mk::FEED_WPG, GROUPS = mk::FEED_GROUPS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int group = warp / WPG, first_chunk = (warp % WPG) * Q;
+  const Stage* stages = reinterpret_cast<const Stage*>(sm->pipe);
+  uint32_t mul[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) mul[r] = g_shift_mul[r];
+  float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+  struct Frag {
+    uint4 w[Q][2], s[2], z[2];
+  };
+  auto fetch = [&](int s, Frag& f) {
+    const unsigned k = eaten + unsigned(s), slot = k % STAGES;
+    kt_mbar_wait(&sm->full[slot], (k / STAGES) & 1);
+    const Stage& st = stages[slot];
+    const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
+    const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
+    f.s[0] = sv[0], f.s[1] = sv[1], f.z[0] = zv[0], f.z[1] = zv[1];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const uint8_t* w = st.w + (first_chunk + q) * 1024 + lane * 16;
+      f.w[q][0] = *reinterpret_cast<const uint4*>(w);
+      f.w[q][1] = *reinterpret_cast<const uint4*>(w + 512);
+    }
+  };
+  auto compute = [&](int s, const Frag& f) {
+    const uint32_t ss[8] = {f.s[0].x, f.s[0].y, f.s[0].z, f.s[0].w, f.s[1].x, f.s[1].y, f.s[1].z, f.s[1].w};
+    const uint32_t zz[8] = {f.z[0].x, f.z[0].y, f.z[0].z, f.z[0].w, f.z[1].x, f.z[1].y, f.z[1].z, f.z[1].w};
+    const int lc0 = (g0 + s) * STAGE_CHUNKS;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (MODE == 0)
+        mk::chunk_compute_frag(f.w[q][0], f.w[q][1], ss, zz, bias, sm->xs_hi, sm->xs_lo, lc0 + first_chunk + q,
+                               mma_acc);
+      else
+        chunk_mulhi<MODE>(f.w[q][0], f.w[q][1], ss, zz, bias, mul, sm->xs_hi, sm->xs_lo, lc0 + first_chunk + q,
+                          mma_acc);
+    }
+  };
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) kt_mbar_arrive(&sm->empty[(eaten + unsigned(s)) % STAGES]);
+  };
+  if (AHEAD) {
+    Frag cur, next;
+    if (group < n) fetch(group, cur);
+    for (int s = group; s < n; s += GROUPS) {
+      if (s + GROUPS < n) fetch(s + GROUPS, next);
+      compute(s, cur);
+      release(s);
+      cur = next;
+    }
+  } else {
+    for (int s = group; s < n; s += GROUPS) {
+      Frag f;
+      fetch(s, f);
+      compute(s, f);
+      release(s);
+    }
+  }
+  (void)t;
+  mk::gemv_finish(acc, mma_acc, out);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int b = 0; b < 16; ++b) red_row[16 * g + b] = out[b];
+  }
+}
+
 template <int V>
 __device__ void consume_version(Smem* sm, unsigned eaten, uint32_t bias, float* red_row) {
   if constexpr (V == kMegakernel) mk::consume_stages(sm, eaten, 0, STAGES, bias, red_row);
@@ -126,6 +236,9 @@ __device__ void consume_version(Smem* sm, unsigned eaten, uint32_t bias, float* 
   if constexpr (V == kNoMbar) consume<mk::FEED_Q, false, true>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kNoDequant) consume<mk::FEED_Q, true, false>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kQ1) consume<1, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kMulHi1) consume_alt<1, false>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kMulHi3) consume_alt<3, false>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kAhead) consume_alt<0, true>(sm, eaten, 0, STAGES, bias, red_row);
 }
 __host__ __device__ constexpr int warps_per_stage(int v) {
   return v == kQ1 ? 8 : v == kQ4 ? 2 : v == kQ8 ? 1 : mk::FEED_WPG;
@@ -263,7 +376,10 @@ int main(int argc, char** argv) {
                         {"v4 Q8", rate_kernel<kQ8>, true},
                         {"v5 no mbarriers", rate_kernel<kNoMbar>, true},
                         {"v6 no dequant arithmetic", rate_kernel<kNoDequant>, false},
-                        {"v7 Q1", rate_kernel<kQ1>, true}};
+                        {"v7 Q1", rate_kernel<kQ1>, true},
+                        {"v8 mulhi 1 shift", rate_kernel<kMulHi1>, true},
+                        {"v9 mulhi 3 shifts", rate_kernel<kMulHi3>, true},
+                        {"v10 next stage read ahead", rate_kernel<kAhead>, true}};
   const size_t smem = sizeof(Smem);
   std::printf("consumer_rate: %d consumer warps (KT_THREADS %d), ring %d stages of %zu bytes, %d rounds, %d blocks, "
               "SM clock %.0f MHz (nominal)\n",
