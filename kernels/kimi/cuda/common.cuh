@@ -177,6 +177,19 @@ KT_DEV void kt_ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 }
 
 // ---- loads ---------------------------------------------------------------------
+#ifndef KT_EMULATION
+// An L2 eviction policy for a load's cache_hint: hint 1 marks the lines
+// first to evict, hint 2 last.
+template <int hint>
+KT_DEV uint64_t kt_l2_policy() {
+  uint64_t policy;
+  if (hint == 2)
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+#endif
 // Weights are read once per step: stream them past L1 and mark them first
 // to evict from L2 (hint = 1), or load them plainly (hint = 0).
 template <int hint>
@@ -187,12 +200,8 @@ KT_DEV uint4 kt_ld_weights(const void* p) {
   return v;
 #else
   uint4 v;
-  if (hint == 1 || hint == 2) {
-    uint64_t policy;
-    if (hint == 1)
-      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    else
-      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  if (hint == 1) {
+    const uint64_t policy = kt_l2_policy<1>();
     asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p), "l"(policy));
@@ -236,11 +245,7 @@ KT_DEV void kt_cp_async16(void* smem, const void* gmem, bool valid) {
 #else
   unsigned s = unsigned(__cvta_generic_to_shared(smem));
   if (hint == 1 || hint == 2) {
-    uint64_t policy;
-    if (hint == 1)
-      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    else
-      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    const uint64_t policy = kt_l2_policy<hint>();
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
                  "r"(valid ? 16 : 0), "l"(policy));
   } else {

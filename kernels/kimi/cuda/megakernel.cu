@@ -77,8 +77,9 @@
 // their own validity and the phase's staging polls them, flow_tag; 2: only
 // o_proj's),
 // KT_CACHE_HINT (1: the attention's cache rows are marked first to evict
-// from L2; 2: last to evict, so that they stay there for the next step), KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the
-// router's logits, published by a fence and an atomic, or by one release /
+// from L2; 2: last to evict, so that they stay there for the next step),
+// KT_HANDOFF (a k-split's partial sums, and with KT_LOGITS 0 the router's
+// logits, published by a fence and an atomic, or by one release /
 // acquire-release atomic), KT_GATHER (0: a k-split tile's items count
 // themselves in by an atomic and the last sums the partials; 1: split 0
 // polls the others' partials as they land: gather_polled), KT_LOGITS (0:

@@ -150,11 +150,12 @@ __device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, ui
   }
 }
 
-// v8-v10: the study's loop with the chunk computed by `Chunk` (MODE 1, 3:
-// chunk_mulhi<MODE>) or (MODE 0, AHEAD) with the warp's next stage's
-// weights and scales read from shared memory before the current one is
-// computed (its full mbarrier waited for first: resident here, so this
-// shows what hiding the loads' latency is worth).
+// v8-v10: the study's loop with each chunk computed by chunk_mulhi<MODE>
+// (MODE 1 or 3: v8, v9) or by the megakernel's chunk_compute_frag (MODE 0);
+// with AHEAD (v10) the warp's next stage's weights and scales are read from
+// shared memory before the current one is computed (its full mbarrier
+// waited for first: resident here, so this shows what hiding the loads'
+// latency is worth).
 template <int MODE, bool AHEAD>
 __device__ __noinline__ void consume_alt(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
   constexpr int Q = mk::FEED_Q, WPG = mk::FEED_WPG, GROUPS = mk::FEED_GROUPS;
