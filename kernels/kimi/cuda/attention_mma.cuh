@@ -40,6 +40,12 @@ constexpr int AM_SUB_UNROLL = KT_ATTN_ROLLED ? 1 : AM_SUB;
 constexpr int AM_PAIRS = AM_HP * AM_ROWS;               // (head, row) pairs of a tile's softmax
 constexpr int AM_SLOTS = (AM_PAIRS + THREADS - 1) / THREADS;
 static_assert(AM_ROWS % 16 == 0 && AM_DW % 16 == 0 && AM_WD >= AM_RKS && AM_PAIRS % 32 == 0, "mma attention split");
+// Tiles of an item issued before its first has landed: the ring's, or with
+// KT_ATTN_FIRST 1 the first alone (the others follow once it has landed,
+// in attn_phase_mma). Meant to let the first tile land sooner at long
+// contexts; it did not (RESULTS, run 242: the rows come from DRAM there,
+// and the other tiles were not what delayed it).
+constexpr int AM_FIRST_ISSUED = KT_ATTN_FIRST ? 1 : AM_STAGES;
 
 // A query fragment (16 heads x 16 dims) as bf16 hi + lo parts (KT_ATTN_PARTS
 // 1: lo is never read, and the compiler drops it).
@@ -225,8 +231,7 @@ KT_DEV void attn_issue_first(Ctx& c, const KtMlaLayer& L, int pos) {
   if (int(blockIdx.x) >= items) return;
   AttMma& A = *reinterpret_cast<AttMma*>(c.sm->pipe);
   const AmRows t = am_rows(blockIdx.x, rows, nch);
-  // KT_ATTN_FIRST: the first tile alone (the others follow once it has landed, in attn_phase_mma).
-  for (int s = 0; s < (KT_ATTN_FIRST ? 1 : AM_STAGES); ++s) am_issue(c, A, AttSrc{L.c_kv, L.k_rope}, t, s);
+  for (int s = 0; s < AM_FIRST_ISSUED; ++s) am_issue(c, A, AttSrc{L.c_kv, L.k_rope}, t, s);
 }
 
 KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
@@ -267,14 +272,8 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
       (void)s;
 #endif
     };
-    // KT_ATTN_FIRST 1: the first tile alone, the ring's others once it has
-    // landed (below). Every block starts its attention at once, and with all
-    // of a ring's tiles issued (~15 MB over the grid at 8192 rows and more)
-    // each block's first tile lands behind the others' (run 221: the start
-    // took 6-7 us there against 5 with one tile a block).
-    constexpr int kFirstIssued = KT_ATTN_FIRST ? 1 : AM_STAGES;
     if (!KT_ATTN_EARLY || it != int(blockIdx.x))
-      for (int s = 0; s < kFirstIssued; ++s) issue(s);
+      for (int s = 0; s < AM_FIRST_ISSUED; ++s) issue(s);
     AmFrag q[AM_MT][AM_KS], qr[AM_MT][1];
     float o[AM_MT][AM_DW / 8][4] = {}, m[AM_SLOTS], l[AM_SLOTS];
     if (dims) {
@@ -301,7 +300,7 @@ KT_DEV void attn_phase_mma(Ctx& c, const KtMlaLayer& L, int pos) {
     // Tile 0's scores and softmax; then per tile s, after one barrier, the
     // weighted sum of tile s and the scores of tile s + 1 (independent mma
     // chains, so they overlap), and after a second one tile s + 1's softmax.
-    if (KT_ATTN_FIRST && !KT_ATTN_SPARE) {
+    if (KT_ATTN_FIRST && !KT_ATTN_SPARE) {  // the ring's other tiles (AM_FIRST_ISSUED)
       kt_cp_async_wait<0>();
       for (int s = 1; s < AM_STAGES; ++s) issue(s);
     }

@@ -3358,7 +3358,7 @@ KT_DEV void attention_spare_main(Ctx& c) {
         issue_att_rows<kSpareThreads>(A.tile[slot], AttSrc{L.c_kv, L.k_rope}, t.r0 + s * AM_ROWS,
                                       imin(AM_ROWS, t.r1 - t.r0 - s * AM_ROWS), u);
         kt_cp_async_mbar_arrive(&c.sm->att_full[slot]);
-        // KT_ATTN_FIRST: the item's first tile alone (attn_phase_mma says why).
+        // KT_ATTN_FIRST: the item's first tile alone (AM_FIRST_ISSUED).
         if (KT_ATTN_FIRST && s == 0 && t.ntiles > 1) kt_mbar_wait(&c.sm->att_full[slot], (k / AM_STAGES) & 1);
       }
     }

@@ -159,7 +159,7 @@ __device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, ui
 template <int MODE, bool AHEAD>
 __device__ __noinline__ void consume_alt(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
   constexpr int Q = mk::FEED_Q, WPG = mk::FEED_WPG, GROUPS = mk::FEED_GROUPS;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int group = warp / WPG, first_chunk = (warp % WPG) * Q;
   const Stage* stages = reinterpret_cast<const Stage*>(sm->pipe);
   uint32_t mul[4];
@@ -220,7 +220,6 @@ __device__ __noinline__ void consume_alt(Smem* sm, unsigned eaten, int g0, int n
       release(s);
     }
   }
-  (void)t;
   mk::gemv_finish(acc, mma_acc, out);
   if ((lane & 3) == 0) {
 #pragma unroll
