@@ -256,6 +256,9 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   // Every kind of phase numbered once when the launch starts (4 warps: two
   // kinds a warp), the loader numbering its own.
   golden_through_emu("kimi-top8.safetensors", {{"numbering", "launch"}, {"threads", 128}});
+  // Every kind numbered once by the prepare table for the step's grid
+  // (its 12 blocks number for the step's 3), the loader using them too.
+  golden_through_emu("kimi-top8.safetensors", {{"numbering", "prepare"}});
   // The MoE gate/up k-splits finished by the last item of each tile (the
   // defaults add them by atomics into the layer's buffer, which the layer
   // after zeroes), on 3 SMs and on 32.
@@ -292,6 +295,21 @@ TEST_CASE("emulated CUDA megakernel with the loader's copies in flight capped re
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"inflight", 4}, {"stages", 4}});
   setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
+TEST_CASE("emulated CUDA megakernel with the loader holding back each phase's stages reproduces golden kimi-top8") {
+  // hold n: a GEMV phase's stages after its first n wait for the block's
+  // consumers to begin the phase. On 3 SMs (blocks with many items a phase),
+  // with the numbering from the prepare table, and on 32 SMs in reverse
+  // fiber order (a block with no item in a phase still counts it).
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 2}});
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 4}, {"numbering", "prepare"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 6}});
+  unsetenv("KTUNE_EMU_ORDER");
+  unsetenv("KTUNE_EMU_SMS");
 }
 
 TEST_CASE("emulated CUDA megakernel with the router's logits counted or tagged reproduces golden kimi-top8") {
@@ -385,6 +403,8 @@ TEST_CASE("emulated CUDA megakernel with the MoE routing predicted reproduces go
   golden_through_emu("kimi-top8.safetensors", {{"predict", "top8"}, {"predict_stream", "after_landed"}});
   golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"moe_reduce", "last"}}, "kimi-mega-cuda", miss);
   golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "launch"}}, "kimi-mega-cuda", miss);
+  // The fix phase's numbering from the prepare table too (on 32 SMs).
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "prepare"}}, "kimi-mega-cuda", miss);
   unsetenv("KTUNE_EMU_SMS");
 }
 

@@ -314,6 +314,12 @@ inline void __syncwarp(unsigned = 0xffffffffu) { kt_emu::warp_barrier(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 inline void __nanosleep(unsigned) { kt_emu::yield(); }
+// A kernel's trap ends the context on the GPU; here it ends the process
+// that runs the emulated launch (the runner reports a crashed variant).
+[[noreturn]] inline void __trap() {
+  fprintf(stderr, "kt_emu: a kernel thread trapped\n");
+  abort();
+}
 
 template <class T>
 inline T kt_emu_shfl(T v, int (*src)(int lane, int arg), int arg) {

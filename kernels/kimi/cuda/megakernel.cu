@@ -48,7 +48,8 @@
 // KT_ATTN_ROWS (cached rows per tile of the mma attention, 16 or 32),
 // KT_ATTN_DEPTH (tiles in the mma attention's ring beyond the fitted depth),
 // KT_NUMBERING (0: each block numbers a GEMV phase's items at the barrier
-// before it; 1: once per kind of phase when the launch starts, make_plans),
+// before it; 1: once per kind of phase when the launch starts, make_plans;
+// 2: once per kind by the prepare table, copied at launch: load_plans),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
@@ -58,7 +59,9 @@
 // KT_SPLIT_COST (how split_for prices a phase's small extra items), KT_FEED_Q
 // (with a bulk feed: the chunks of a stage each consumer warp computes),
 // KT_INFLIGHT (with the loader: at most that many of a block's stage copies
-// in flight, 0: as many as the ring has free slots),
+// in flight, 0: as many as the ring has free slots), KT_HOLD (with the
+// loader: at most that many of a GEMV phase's stages issued before the
+// block's consumers start the phase, 0: no limit),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
 // block's first tiles issued in the q_abs phase, attn_issue_first),
@@ -190,7 +193,8 @@ static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
-static_assert(KT_NUMBERING == 0 || KT_NUMBERING == 1, "numbering");
+static_assert(KT_NUMBERING >= 0 && KT_NUMBERING <= 2, "numbering");
+static_assert(KT_NUMBERING != 2 || KT_FEED >= 1, "numbering prepare: the prepare table exists with a bulk feed");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
@@ -210,6 +214,7 @@ static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDI
               "issued by attn_early");
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
+static_assert(KT_HOLD == 0 || (KT_FEED == 4 && !KT_PREDICTED), "hold: the loader, whose phases are the consumers' one for one");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
@@ -226,6 +231,27 @@ static_assert(KT_FEED == 0 || (KT_FEED <= 4 && KT_STAGES > 0 && KT_DEQUANT == 1)
               "feed bulk, next, stream or loader: stages > 0, dequant mma");
 static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
               "feed loader: static schedule, no cooperative-groups barrier");
+
+// A GEMV phase's item numbering as plain numbers (number_items works it out,
+// ItemMap numbers the items with it). KT_NUMBERING 0: barrier_before works
+// out the next phase's while the grid barrier completes; 1: it depends only
+// on the phase's shape and the grid, so each block works out one per kind
+// of GEMV phase when the launch starts (make_plans); 2: the prepare table
+// works them out once (prepare_plans) and each launch copies them into
+// shared memory (load_plans).
+struct ItemPlan {
+  int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
+};
+enum PlanKind {
+  kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown,
+#if KT_PREDICTED
+  kPlanMoeFix,
+#endif
+  kPlanKinds
+};
+
+// The prepare table's one launch (ktune_k1): its block size and blocks an SM.
+constexpr int kPrepareThreads = 256, kPrepareBlocksPerSm = 4;
 
 // ---- global scratch (variant-owned, zeroed once by the runner) ---------------
 struct alignas(16) Scratch {
@@ -257,6 +283,12 @@ struct alignas(16) Scratch {
   alignas(16) float partials[kMaxItems * TILE];
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
+#if KT_NUMBERING == 2
+  // Each kind of GEMV phase's numbering, for a grid of plans_grid blocks
+  // (the prepare table's: prepare_plans).
+  ItemPlan plans[kPlanKinds];
+  int plans_grid;
+#endif
 #if KT_FLOW
   // The phases' inputs as tagged words (flow_tag): the attention output o
   // (KDA's or w_uv's), h (o_proj's) and x (down's, the next layer's input).
@@ -339,22 +371,6 @@ struct alignas(16) AttMma {
 constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGES : 0), int(sizeof(AttTile)) * ATT_STAGES),
                                 KT_ATTN == 1 ? int(sizeof(AttMma)) : 0);
 
-// A GEMV phase's item numbering as plain numbers (number_items works it out,
-// ItemMap numbers the items with it). KT_NUMBERING 0: barrier_before works
-// out the next phase's while the grid barrier completes; 1: it depends only
-// on the phase's shape and the grid, so each block works out one per kind
-// of GEMV phase when the launch starts (make_plans).
-struct ItemPlan {
-  int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
-};
-enum PlanKind {
-  kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown,
-#if KT_PREDICTED
-  kPlanMoeFix,
-#endif
-  kPlanKinds
-};
-
 // ---- per-block shared memory ------------------------------------------------------
 struct alignas(16) Smem {
   uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
@@ -379,6 +395,9 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+#if KT_HOLD
+  unsigned gemv_started;  // run_gemv_phase calls the consumers have begun (KT_HOLD's signal to the loader)
+#endif
 #if KT_ATTN_SPARE
   // KT_ATTN_FEED 1: q_abs phases whose loads the block has issued (the
   // spare warps may then issue attention tiles), and the tile slots' mbarriers.
@@ -397,8 +416,8 @@ struct alignas(16) Smem {
   int gslot[TOPK];
   int miss;
 #endif
-#if KT_NUMBERING == 1
-  ItemPlan plans[kPlanKinds];  // each kind of GEMV phase's numbering (make_plans)
+#if KT_NUMBERING >= 1
+  ItemPlan plans[kPlanKinds];  // each kind of GEMV phase's numbering (make_plans, load_plans)
 #endif
   unsigned long long route_at[2];  // profile: when the loader saw the logits and selected the experts
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
@@ -420,6 +439,7 @@ struct Ctx {
   int gemv_phases = 0;  // run_gemv_phase calls so far in this launch (KT_SCHED 1's counter index)
   const float* carried = nullptr;  // KT_REDUCE 1: the sums the last GEMV phase left for the next staging
   unsigned fed = 0;    // KT_FEED > 0: stages thread 0 has issued into the ring this launch
+  unsigned fed_phases = 0;  // KT_HOLD: the loader's GEMV phases begun (feed_items calls)
   unsigned eaten = 0;  // KT_FEED > 0: stages the block has passed (every thread counts)
   unsigned att_tiles = 0;  // KT_ATTN_FEED 1: attention tiles of this launch so far (the spare warps' issued, the block's eaten)
   int pre = 0;         // KT_FEED > 0: stages of the block's next GEMV item already issued
@@ -1585,10 +1605,10 @@ KT_DEV float split_cost(int tiles, int s, float item_cost, int extra_items, floa
   return float((total + slots - 1) / slots) * item_cost;
 #endif
 }
-KT_DEV int split_for(int tiles, int chunks, int extra_items, float extra_cost) {
+KT_DEV int split_for(int tiles, int chunks, int extra_items, float extra_cost, int blocks) {
   // Staged items are whole groups; register items give each warp a chunk.
   const int most = KT_STAGES > 0 ? chunks / STAGE_CHUNKS : (chunks / WARPS > 0 ? chunks / WARPS : 1);
-  const int slots = int(gridDim.x) * KT_WAVES;
+  const int slots = blocks * KT_WAVES;
   int best = 1;
   float best_cost = 1e30f;
   for (int s = (threadIdx.x & 31) + 1; s <= most && tiles * s <= kItemSlots; s += 32) {
@@ -1794,17 +1814,18 @@ template <class P>
 KT_DEV PhaseShape shape_of(const P& p) {
   return {p.tiles(), p.row_items(), p.seg_chunks(0) * p.nseg(0), p.lead_tiles()};
 }
-KT_DEV ItemPlan number_items(const PhaseShape& sh) {
+// blocks: the step's grid (the prepare table's differs).
+KT_DEV ItemPlan number_items(const PhaseShape& sh, int blocks = int(gridDim.x)) {
   ItemPlan pl;
   pl.rows = sh.rows;
   pl.nch = sh.nch;
   pl.lead = KT_LEAD ? sh.lead : 0;
-  const int fill = pl.lead > 0 ? (int(gridDim.x) - sh.rows) / pl.lead : 1;
+  const int fill = pl.lead > 0 ? (blocks - sh.rows) / pl.lead : 1;
   pl.S_lead = fill < 1 ? 1 : fill > sh.nch / kSplitUnit ? sh.nch / kSplitUnit : fill;
   // The extra items' cost: a lead item's share of its tile, else a row item's.
   const float extra_cost =
       pl.lead > 0 ? kItemCostChunks + float(sh.nch) / float(pl.S_lead * WARPS) : kRowItemCostChunks;
-  pl.S = split_for(sh.tiles - pl.lead, sh.nch, sh.rows + pl.lead * pl.S_lead, extra_cost);
+  pl.S = split_for(sh.tiles - pl.lead, sh.nch, sh.rows + pl.lead * pl.S_lead, extra_cost, blocks);
   pl.items = sh.rows + pl.lead * pl.S_lead + (sh.tiles - pl.lead) * pl.S;
   return pl;
 }
@@ -1831,10 +1852,10 @@ struct ItemMap : ItemPlan {
 };
 
 // Phase p's numbering: KT_NUMBERING 0, the one barrier_before made for it,
-// if it did; 1, its kind's from the launch's start.
+// if it did; 1 and 2, its kind's in shared memory from the launch's start.
 template <class P>
 KT_DEV ItemMap phase_map(const Ctx& c, const P& p) {
-#if KT_NUMBERING == 1
+#if KT_NUMBERING >= 1
   return ItemMap(c.sm->plans[p.plan_kind()]);
 #else
   return c.plan_phase == c.gemv_phases ? ItemMap(c.plan) : ItemMap(number_items(p));
@@ -1901,6 +1922,9 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
   const ItemMap map = phase_map(c, p);
   if (float* sums = p.carry_sums()) c.carried = sums;
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
+#if KT_HOLD
+  signal_loader(c, &c.sm->gemv_started, unsigned(c.gemv_phases));
+#endif
   for (int it = blockIdx.x; it < map.items;) {
     int next = it + int(gridDim.x);
 #if KT_SCHED == 1
@@ -2920,7 +2944,7 @@ template <class P>
 KT_DEV void barrier_before(Ctx& c, P& p, bool grid = true) {
   constexpr bool numbered_first = KT_PREFETCH || (KT_STAGES > 0 && KT_EARLY && KT_FEED != 4);
   auto number = [&] {
-    if (KT_NUMBERING == 1) return;  // numbered when the launch started
+    if (KT_NUMBERING >= 1) return;  // numbered when the launch started
     c.plan = number_items(p);
     c.plan_phase = c.gemv_phases;  // p is the next run_gemv_phase
   };
@@ -3060,35 +3084,80 @@ KT_DEV void stage_layer_input(Ctx& c, int layer, const uint16_t* x, const uint16
   stage_block_input(c, x, c.s->hbuf, w, x_carried);
 }
 
+// The shape of GEMV phase kind `kind` (a PlanKind), from layer 0's
+// arguments: a phase's shape does not depend on its layer.
+KT_DEV PhaseShape plan_shape(const KimiDeviceArgs& a, int kind) {
+  const KtLayer& L0 = a.layers[0];
+  const size_t o_rp = 0;
+  switch (kind) {
+    case kPlanQkvg: return shape_of(QkvgPhase{{0}, L0.kda, 0});
+    case kPlanMla1: return shape_of(Mla1Phase{{0}, L0.mla, a.context});
+    case kPlanOprojK: return shape_of(OprojPhase{{}, OneMatrix{L0.kda.o, D, C, o_rp}, nullptr, nullptr, nullptr});
+    case kPlanOprojM: return shape_of(OprojPhase{{}, OneMatrix{L0.mla.o, D, MO, o_rp}, nullptr, nullptr, nullptr});
+    case kPlanWuv: return shape_of(WuvPhase{{0}, L0.mla, 0});
+    case kPlanMoeA: return shape_of(MoeAPhase{{0}, L0.moe, 0, nullptr});
+#if KT_PREDICTED
+    case kPlanMoeFix: return shape_of(MoeFixPhase{{0}, L0.moe, 0, nullptr});
+#endif
+    default: return shape_of(DownPhase{{0}, L0.moe, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+  }
+}
+
 // KT_NUMBERING 1: each kind of GEMV phase's numbering into c.sm->plans,
-// when the launch starts: warp w works out kinds w, w + WARPS, ... (from
-// layer 0's arguments: a phase's shape does not depend on its layer), one
+// when the launch starts: warp w works out kinds w, w + WARPS, ..., one
 // inlined copy of the search for all kinds. The loader warp numbers its own
 // phases as it reaches them: when it reached the routing ~1 us sooner, the
 // layer whose top-k ties streamed its routed stages ~3 us later (RESULTS,
 // runs 177-179). The caller syncs the block after.
 #if KT_NUMBERING == 1
 KT_DEV void make_plans(Ctx& c) {
-  const KtLayer& L0 = c.a.layers[0];
   for (int kind = c.warp; kind < kPlanKinds; kind += WARPS) {
-    PhaseShape sh{};
-    switch (kind) {
-      case kPlanQkvg: sh = shape_of(QkvgPhase{{0}, L0.kda, 0}); break;
-      case kPlanMla1: sh = shape_of(Mla1Phase{{0}, L0.mla, c.a.context}); break;
-      case kPlanOprojK: sh = shape_of(make_oproj(c, 0, L0.kda.o, C, nullptr)); break;
-      case kPlanOprojM: sh = shape_of(make_oproj(c, 0, L0.mla.o, MO, nullptr)); break;
-      case kPlanWuv: sh = shape_of(WuvPhase{{0}, L0.mla, 0}); break;
-      case kPlanMoeA: sh = shape_of(MoeAPhase{{0}, L0.moe, 0, c.sm->topk}); break;
-#if KT_PREDICTED
-      case kPlanMoeFix: sh = shape_of(MoeFixPhase{{0}, L0.moe, 0, c.sm->topk}); break;
-#endif
-      default: sh = shape_of(DownPhase{{0}, L0.moe, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr}); break;
-    }
-    const ItemPlan pl = number_items(sh);
+    const ItemPlan pl = number_items(plan_shape(c.a, kind));
     if (c.lane == 0) c.sm->plans[kind] = pl;
   }
 }
 #endif
+
+#if KT_NUMBERING == 2
+// KT_NUMBERING 2, in the prepare table: warp w of block 0 numbers kind w
+// for the step's grid, which has KT_BLOCKS_PER_SM blocks an SM where this
+// launch has kPrepareBlocksPerSm (both launches are sized per SM).
+static_assert(kPlanKinds <= kPrepareThreads / 32, "a warp a kind of phase");
+KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
+  const int warp = int(threadIdx.x) / 32, blocks = int(gridDim.x) / kPrepareBlocksPerSm * KT_BLOCKS_PER_SM;
+  if (blockIdx.x != 0 || warp >= kPlanKinds) return;
+  Scratch* s = reinterpret_cast<Scratch*>(a.scratch);
+  const ItemPlan pl = number_items(plan_shape(a, warp), blocks);
+  if (threadIdx.x % 32 == 0) s->plans[warp] = pl;
+  if (threadIdx.x == 0) s->plans_grid = blocks;
+}
+
+// Each launch's start, before the block's first barrier (the loader warp
+// reads them too): the prepare table's numberings into shared memory, a
+// word a thread. They hold for the grid they were made for; every launcher
+// sizes both launches per SM as the launch tables say (the runner, the
+// emulator, export/kimi_ext.cu), so another grid is a launcher's bug, and
+// the block traps rather than run a numbering that skips or repeats items.
+// So the phase boundaries run no search: ~40 KB of code a step that came
+// from L2 each time (RESULTS, run 249).
+KT_DEV void load_plans(Ctx& c) {
+  constexpr int kWords = kPlanKinds * int(sizeof(ItemPlan) / sizeof(int));
+  static_assert(sizeof(ItemPlan) % sizeof(int) == 0 && kWords <= THREADS, "a word a thread");
+  if (c.s->plans_grid != int(gridDim.x)) __trap();
+  if (c.tid < kWords) reinterpret_cast<int*>(c.sm->plans)[c.tid] = reinterpret_cast<const int*>(c.s->plans)[c.tid];
+}
+#endif
+
+// The loader's numbering of phase p: its own search, or the prepare table's.
+template <class P>
+KT_DEV ItemPlan loader_plan(const Ctx& c, const P& p) {
+#if KT_NUMBERING == 2
+  return c.sm->plans[p.plan_kind()];
+#else
+  (void)c;
+  return number_items(p);
+#endif
+}
 
 #if KT_FEED == 4
 // ---- the loader warp (KT_FEED 4) ------------------------------------------------------
@@ -3250,13 +3319,30 @@ KT_DEV void loader_route(Ctx& c, int layer) {
 
 // The block's items of a phase (numbered by map), each item's stages into
 // the ring in the consumers' order; before(item) runs ahead of each.
+// KT_HOLD n: the phase's stages after its first n wait until the block's
+// consumers have begun the phase (past the grid barrier before it), so that
+// fewer copies are in flight while the boundary's hand-offs, barrier and
+// cold code wait on L2 (each waits behind the copies in flight: RESULTS,
+// run 250).
 template <class P, class Before>
 KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
+#if KT_HOLD
+  const unsigned phase = ++c.fed_phases;
+  int issued = 0;
+#endif
   for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
     before(item);
+#if KT_HOLD
+    const int g0 = item.kc0 / STAGE_CHUNKS;
+    for (int q = 0; q < (item.kc1 - item.kc0) / STAGE_CHUNKS; ++q) {
+      if (issued++ == KT_HOLD) loader_wait(&c.sm->gemv_started, phase);
+      feed_raw(c, stage_offset(p, item.tile, g0 + q));
+    }
+#else
     feed_item_stages(c, p, item.tile, item.kc0 / STAGE_CHUNKS, 0, (item.kc1 - item.kc0) / STAGE_CHUNKS);
+#endif
   }
 }
 
@@ -3265,7 +3351,7 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 // after the numbering, whose search is then off that wait's path.
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
-  const ItemMap map(number_items(p));
+  const ItemMap map(loader_plan(c, p));
   if (attentions > 0) loader_wait(&c.sm->attentions, attentions);
   feed_items(c, p, map, [](const Item&) {});
 }
@@ -3290,9 +3376,9 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
     if (KT_PREDICT_STREAM == 1) loader_landed(c);
   };
 #endif
-  feed_items(c, up, ItemMap(number_items(up)), [&](const Item& item) {
+  feed_items(c, up, ItemMap(loader_plan(c, up)), [&](const Item& item) {
     if (up.static_weights(item.tile)) return;
-    if (!planned) down_plan = number_items(down);
+    if (!planned) down_plan = loader_plan(c, down);
     planned = true;
 #if KT_PREDICTED
     predict();
@@ -3300,7 +3386,7 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
     loader_route(c, layer);
 #endif
   });
-  if (!planned) down_plan = number_items(down);
+  if (!planned) down_plan = loader_plan(c, down);
 #if KT_PREDICTED
   predict();  // every block's loader matches the routing to the prediction
 #endif
@@ -3308,7 +3394,7 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
 #if KT_PREDICTED
   if (KT_PREDICT_FIX && c.sm->miss) {
     const MoeFixPhase fix{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
-    feed_items(c, fix, ItemMap(number_items(fix)), [](const Item&) {});
+    feed_items(c, fix, ItemMap(loader_plan(c, fix)), [](const Item&) {});
   }
 #endif
   feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
@@ -3321,7 +3407,7 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
 // last phase's stages are in flight or in the ring by then).
 template <class P>
 KT_DEV void prefetch_first_stages(Ctx& c, const P& p) {
-  const ItemMap map(number_items(p));
+  const ItemMap map(loader_plan(c, p));
   int n = 0;
   for (int it = int(blockIdx.x); it < map.items && n < STAGES; it += int(gridDim.x)) {
     if (it < map.rows) continue;
@@ -3487,7 +3573,6 @@ KT_DEV bool repack_job(const KimiDeviceArgs& a, int l, int m, RepackJob* j) {
 // ktune_k1, the prepare table's one launch: every stage of every matrix,
 // one block per stage.
 namespace mk {
-constexpr int kPrepareThreads = 256, kPrepareBlocksPerSm = 4;
 
 #if KT_PREDICTED
 // KT_PREDICT's tables (predictor_main), per layer and expert e, bf16:
@@ -3541,6 +3626,9 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
     }
 #if KT_PREDICTED
   predict_tables(a);
+#endif
+#if KT_NUMBERING == 2
+  prepare_plans(a);
 #endif
 #if KT_GATHER_POLL
   unsigned* part = reinterpret_cast<unsigned*>(reinterpret_cast<Scratch*>(a.scratch)->partials);
@@ -3600,11 +3688,17 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     kt_mbar_fence_init();
     c.sm->routed_layers = 0;
     c.sm->attentions = 0;
+#if KT_HOLD
+    c.sm->gemv_started = 0;
+#endif
 #if KT_PREDICTED
     c.sm->o_layers = 0;
     c.sm->oproj_layers = 0;
 #endif
   }
+#if KT_NUMBERING == 2
+  load_plans(c);
+#endif
   __syncthreads();  // the whole block, the loader warp too
 #endif
 #if KT_FEED == 4
