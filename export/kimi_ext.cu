@@ -89,12 +89,13 @@ cudaError_t launch_step(const LaunchPlan& plan, const KimiDeviceArgs& args, cuda
                           size_t(plan.launch.smem), stream);
 }
 
-// The prepare table's launch (variants whose `feed` reads repacked weights:
-// ktune_k1 repacks every GEMV matrix into the scratch), once after the
-// scratch is zeroed and the weights are bound: the template's entry
-// (mk::kPrepareLaunch, n blocks per SM). Nothing for others.
+// The prepare table's launch (variants whose `feed` reads repacked weights,
+// which ktune_k1 repacks into the scratch, or whose `numbering` is prepare,
+// whose plans it makes), once after the scratch is zeroed and the weights
+// are bound: the template's entry (mk::kPrepareLaunch, n blocks per SM).
+// Nothing for others.
 cudaError_t launch_prepare(const KimiDeviceArgs& args, cudaStream_t stream) {
-#if KT_FEED >= 1
+#if KT_HAS_PREPARE
   int device = 0, sms = 0;
   cudaError_t e;
   if ((e = cudaGetDevice(&device)) != cudaSuccess ||

@@ -121,15 +121,6 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"stages", 0}, {"feed", "cp_async"}, {"dequant", "fma"}}).empty());
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"sched", "dynamic"}}).find("sched static") != std::string::npos);
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"barrier", "coop"}}).find("coop") != std::string::npos);
-  // hold counts the loader's phases against the consumers'.
-  CHECK(why_not({{"hold", 4}}).empty());
-  CHECK(why_not({{"hold", 4}, {"feed", "stream"}}).find("hold needs") != std::string::npos);
-  CHECK(why_not({{"hold", 4}, {"predict", "top9"}}).find("hold needs") != std::string::npos);
-  // The prepare table that numbers the phases comes with the bulk feeds' repacked weights.
-  CHECK(why_not({{"numbering", "prepare"}}).empty());
-  CHECK(why_not({{"numbering", "prepare"}, {"feed", "stream"}}).empty());
-  CHECK(why_not({{"numbering", "prepare"}, {"stages", 0}, {"feed", "cp_async"}, {"dequant", "fma"}})
-            .find("numbering prepare") != std::string::npos);
 }
 
 TEST_CASE("knobs that change nothing at a point are the same variant as their defaults") {

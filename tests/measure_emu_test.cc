@@ -305,6 +305,7 @@ TEST_CASE("emulated CUDA megakernel with the loader holding back each phase's st
   setenv("KTUNE_EMU_SMS", "3", 1);
   golden_through_emu("kimi-top8.safetensors", {{"hold", 2}});
   golden_through_emu("kimi-top8.safetensors", {{"hold", 4}, {"numbering", "prepare"}});
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 1}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   setenv("KTUNE_EMU_ORDER", "reverse", 1);
   golden_through_emu("kimi-top8.safetensors", {{"hold", 6}});

@@ -77,10 +77,11 @@ KnobSpace cuda_mega_space() {
        "with the loader warp: at most n of a block's stage copies in flight (the loader waits for the n-th last "
        "to land before it issues the next), so that the weight stream queues less in front of the loads that "
        "the phases' staging, hand-offs and barriers wait for; 0: as many as the ring has free slots"},
-      {"hold", "KT_HOLD", {0, 2, 4, 6}, 0,
+      {"hold", "KT_HOLD", {0, 1, 2, 3, 4, 6}, 2,
        "with the loader warp: at most n of a GEMV phase's stages issued before the block's consumers begin the "
        "phase (past the grid barrier before it), the rest after, so that fewer copies are in flight while the "
-       "phase boundary's hand-offs, barrier and cold code wait on L2 behind them; 0: the ring's free slots"},
+       "phase boundary's hand-offs, barrier and cold code wait on L2 behind them; 0: the ring's free slots "
+       "(with predict off)"},
       {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
        "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
        "in two half as long (summed after), so that a warp waits less on each mma's latency"},
@@ -153,12 +154,12 @@ KnobSpace cuda_mega_space() {
        "launch and layer) and polled by the phase's staging, with no barrier before it (one grid barrier a "
        "layer is left; tagged_o: o_proj's input only; needs feed loader, reduce last, moe_reduce atomic, "
        "predict off, kda_start barrier)"},
-      {"numbering", "KT_NUMBERING", {"barrier", "launch", "prepare"}, "barrier",
+      {"numbering", "KT_NUMBERING", {"barrier", "launch", "prepare"}, "prepare",
        "how a block numbers a GEMV phase's items (split_for's search): at the barrier before the phase, between "
        "its arrival and the grid's (the last block to arrive starts the phase after it; a copy of the search per "
        "phase type), or once per kind of phase when the launch starts (one copy; the loader warp numbers its "
        "own either way), or once by the prepare table, each launch copying them into shared memory (no search "
-       "in the step's code, the loader's included; needs a feed other than cp_async)"},
+       "in the step's code, the loader's included)"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   // Where a knob changes nothing (its macro does not reach the compiled
@@ -175,8 +176,12 @@ KnobSpace cuda_mega_space() {
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
   when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
   when("feed_chunks", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
-  for (const char* k : {"launch_prefetch", "predict", "inflight", "hold"})
+  for (const char* k : {"launch_prefetch", "predict", "inflight"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
+  // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
+  when("hold", [](const json& p) {
+    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off";
+  });
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
@@ -227,16 +232,6 @@ KnobSpace cuda_mega_space() {
         (p["feed"].get<std::string>() != "loader" || p["attn_early"].get<int>() != 0 ||
          p["predict"].get<std::string>() != "off")) {
       *why = "attn_feed spare needs feed loader, attn_early 0 and predict off";
-      return false;
-    }
-    // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
-    if (p["hold"].get<int>() > 0 && (p["feed"].get<std::string>() != "loader" || p["predict"].get<std::string>() != "off")) {
-      *why = "hold needs feed loader and predict off";
-      return false;
-    }
-    // numbering prepare: the prepare table (which the bulk feeds' repacked weights bring) numbers the phases.
-    if (p["numbering"].get<std::string>() == "prepare" && p["feed"].get<std::string>() == "cp_async") {
-      *why = "numbering prepare needs a feed other than cp_async (the prepare table)";
       return false;
     }
     // The bulk feed streams the staged path's stages into mma fragments.

@@ -133,6 +133,12 @@
 // predict top8 / top9 needs the loader warp (it ranks the prediction and
 // streams the predicted experts) and the prepare kernel (it makes the tables).
 #define KT_PREDICTED (KT_PREDICT >= 1 && KT_FEED == 4)
+// KT_HOLD counts the loader's GEMV phases as the consumers' one for one:
+// with the loader and no prediction (whose fix phase runs on some layers).
+#define KT_HOLD_ON (KT_HOLD > 0 && KT_FEED == 4 && !KT_PREDICTED)
+// The prepare table (ktune_k1): the bulk feeds' repacked weights, and
+// KT_NUMBERING 2's plans.
+#define KT_HAS_PREPARE (KT_FEED >= 1 || KT_NUMBERING == 2)
 // Tests only: KT_PREDICT_MISS 1, the prediction drops its best expert, so
 // the routing is never within it; KT_PREDICT_FIX 0, a missed prediction is
 // not repaired (the output is then wrong), so a test that passes shows
@@ -194,7 +200,6 @@ static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
 static_assert(KT_NUMBERING >= 0 && KT_NUMBERING <= 2, "numbering");
-static_assert(KT_NUMBERING != 2 || KT_FEED >= 1, "numbering prepare: the prepare table exists with a bulk feed");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
@@ -214,7 +219,7 @@ static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDI
               "issued by attn_early");
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
-static_assert(KT_HOLD == 0 || (KT_FEED == 4 && !KT_PREDICTED), "hold: the loader, whose phases are the consumers' one for one");
+static_assert(KT_HOLD >= 0, "hold");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
@@ -395,7 +400,7 @@ struct alignas(16) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
-#if KT_HOLD
+#if KT_HOLD_ON
   unsigned gemv_started;  // run_gemv_phase calls the consumers have begun (KT_HOLD's signal to the loader)
 #endif
 #if KT_ATTN_SPARE
@@ -1922,7 +1927,7 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
   const ItemMap map = phase_map(c, p);
   if (float* sums = p.carry_sums()) c.carried = sums;
   unsigned* counter = &c.s->next_item[c.gemv_phases++];
-#if KT_HOLD
+#if KT_HOLD_ON
   signal_loader(c, &c.sm->gemv_started, unsigned(c.gemv_phases));
 #endif
   for (int it = blockIdx.x; it < map.items;) {
@@ -3326,7 +3331,7 @@ KT_DEV void loader_route(Ctx& c, int layer) {
 // run 250).
 template <class P, class Before>
 KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
-#if KT_HOLD
+#if KT_HOLD_ON
   const unsigned phase = ++c.fed_phases;
   int issued = 0;
 #endif
@@ -3334,7 +3339,7 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
     if (it < map.rows) continue;
     const Item item = map.item(it);
     before(item);
-#if KT_HOLD
+#if KT_HOLD_ON
     const int g0 = item.kc0 / STAGE_CHUNKS;
     for (int q = 0; q < (item.kc1 - item.kc0) / STAGE_CHUNKS; ++q) {
       if (issued++ == KT_HOLD) loader_wait(&c.sm->gemv_started, phase);
@@ -3611,8 +3616,12 @@ KT_DEV void predict_tables(const KimiDeviceArgs& a) {
 }
 #endif
 }
+#endif
+
+#if KT_HAS_PREPARE
 extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs) {
   using namespace mk;
+#if KT_FEED >= 1
   uint8_t* out = a.scratch + kRepackOffset;
   for (int l = 0; l < KT_LAYERS; ++l)
     for (int m = 0; m < kAttnMatrices + kMoeMatrices; ++m) {
@@ -3624,6 +3633,7 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
         __syncthreads();
       }
     }
+#endif
 #if KT_PREDICTED
   predict_tables(a);
 #endif
@@ -3645,7 +3655,7 @@ namespace mk {
 constexpr long long kScratchBytes =
     KT_FEED >= 1 ? (long long)(kRepackOffset + kRepackBytes) : (long long)sizeof(Scratch);  // and the repacked copy
 constexpr KtLaunch kStepLaunch = {0, -KT_BLOCKS_PER_SM, KT_BLOCK_THREADS, int(sizeof(Smem)), 1, {{0, 0, 0, 0}}};
-#if KT_FEED >= 1
+#if KT_HAS_PREPARE
 constexpr KtLaunch kPrepareLaunch = {1, -kPrepareBlocksPerSm, kPrepareThreads, 0, 0, {{0, 0, 0, 0}}};
 #endif
 }  // namespace mk
@@ -3658,7 +3668,7 @@ __device__ int ktune_abi_version = KT_ABI_VERSION;
 __device__ int ktune_config[KT_CONFIG_FIELDS] = {KT_D, KT_KH, KT_KD, KT_MH, KT_R, KT_NOPE, KT_ROPE, KT_VH,
                                                  KT_E, KT_TOPK, KT_NSH, KT_I, KT_G, KT_LAYERS, KT_PATTERN_M};
 __device__ long long ktune_scratch_bytes = mk::kScratchBytes;
-#if KT_FEED >= 1
+#if KT_HAS_PREPARE
 __device__ int ktune_num_prepare = 1;
 __device__ KtLaunch ktune_prepare[1] = {mk::kPrepareLaunch};
 #endif
@@ -3688,7 +3698,7 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     kt_mbar_fence_init();
     c.sm->routed_layers = 0;
     c.sm->attentions = 0;
-#if KT_HOLD
+#if KT_HOLD_ON
     c.sm->gemv_started = 0;
 #endif
 #if KT_PREDICTED
@@ -3700,6 +3710,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   load_plans(c);
 #endif
   __syncthreads();  // the whole block, the loader warp too
+#elif KT_NUMBERING == 2
+  load_plans(c);
+  __syncthreads();
 #endif
 #if KT_FEED == 4
   // The loader warpgroup keeps kLoaderRegs registers a thread and lends the
