@@ -3144,7 +3144,7 @@ KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
 // emulator, export/kimi_ext.cu), so another grid is a launcher's bug, and
 // the block traps rather than run a numbering that skips or repeats items.
 // So the phase boundaries run no search: ~40 KB of code a step that came
-// from L2 each time (RESULTS, run 249).
+// from L2 each time (RESULTS, runs 249-250).
 KT_DEV void load_plans(Ctx& c) {
   constexpr int kWords = kPlanKinds * int(sizeof(ItemPlan) / sizeof(int));
   static_assert(sizeof(ItemPlan) % sizeof(int) == 0 && kWords <= THREADS, "a word a thread");
