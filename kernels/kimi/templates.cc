@@ -78,10 +78,10 @@ KnobSpace cuda_mega_space() {
        "to land before it issues the next), so that the weight stream queues less in front of the loads that "
        "the phases' staging, hand-offs and barriers wait for; 0: as many as the ring has free slots"},
       {"hold", "KT_HOLD", {0, 1, 2, 3, 4, 6}, 2,
-       "with the loader warp: at most n of a GEMV phase's stages issued before the block's consumers begin the "
-       "phase (past the grid barrier before it), the rest after, so that fewer copies are in flight while the "
-       "phase boundary's hand-offs, barrier and cold code wait on L2 behind them; 0: the ring's free slots "
-       "(with predict off)"},
+       "with the loader warp and predict off: at most n of a GEMV phase's stages issued before the block's "
+       "consumers begin the phase (past the grid barrier before it), the rest after, so that fewer copies are in "
+       "flight while the phase boundary's hand-offs, barrier and cold code wait on L2 behind them; 0: as many "
+       "as the ring has free slots"},
       {"attn_chains", "KT_ATTN_CHAINS", {1, 2}, 1,
        "mma attention: a tile's scores from the queries' bf16 hi and lo parts accumulated in one mma chain, or "
        "in two half as long (summed after), so that a warp waits less on each mma's latency"},
