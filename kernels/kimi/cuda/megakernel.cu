@@ -3093,12 +3093,11 @@ KT_DEV void stage_layer_input(Ctx& c, int layer, const uint16_t* x, const uint16
 // arguments: a phase's shape does not depend on its layer.
 KT_DEV PhaseShape plan_shape(const KimiDeviceArgs& a, int kind) {
   const KtLayer& L0 = a.layers[0];
-  const size_t o_rp = 0;
   switch (kind) {
     case kPlanQkvg: return shape_of(QkvgPhase{{0}, L0.kda, 0});
     case kPlanMla1: return shape_of(Mla1Phase{{0}, L0.mla, a.context});
-    case kPlanOprojK: return shape_of(OprojPhase{{}, OneMatrix{L0.kda.o, D, C, o_rp}, nullptr, nullptr, nullptr});
-    case kPlanOprojM: return shape_of(OprojPhase{{}, OneMatrix{L0.mla.o, D, MO, o_rp}, nullptr, nullptr, nullptr});
+    case kPlanOprojK: return shape_of(OprojPhase{{}, OneMatrix{L0.kda.o, D, C, 0}, nullptr, nullptr, nullptr});
+    case kPlanOprojM: return shape_of(OprojPhase{{}, OneMatrix{L0.mla.o, D, MO, 0}, nullptr, nullptr, nullptr});
     case kPlanWuv: return shape_of(WuvPhase{{0}, L0.mla, 0});
     case kPlanMoeA: return shape_of(MoeAPhase{{0}, L0.moe, 0, nullptr});
 #if KT_PREDICTED
@@ -3578,7 +3577,6 @@ KT_DEV bool repack_job(const KimiDeviceArgs& a, int l, int m, RepackJob* j) {
 // ktune_k1, the prepare table's one launch: every stage of every matrix,
 // one block per stage.
 namespace mk {
-
 #if KT_PREDICTED
 // KT_PREDICT's tables (predictor_main), per layer and expert e, bf16:
 // [0, K): M_e = Wo diag(w) R_e^T, o_proj's weights Wo (K x D, dequantized as
