@@ -9,9 +9,9 @@
 //   warm      run again at once (the code fits the SM's instruction cache)
 //   evicted   run after 256 KB of other code (so fetched again, from L2)
 //   flushed   the launch's first run after the host swept 256 MB through L2
-//   loaded    as evicted, while warps 4-7 stream from DRAM by bulk copies
-//             into a shared-memory ring, as the megakernel's loader does
-//             during a phase boundary
+//   loaded    as evicted, while warp 4 streams from DRAM by bulk copies
+//             (8 in flight) into a shared-memory ring, as the megakernel's
+//             loader does during a phase boundary
 //   dormant   as evicted, but each executed KB is followed by a KB that a
 //             runtime-false branch skips (the profile build's stamps)
 //   warm loaded, loaded at depth n: as warm, or as loaded with n copies in
@@ -28,6 +28,14 @@
 // blocks; each figure is the median block's. The FFMA chains' results are
 // checked against the host's, so the code the figures time is the code
 // that ran.
+//
+// What it showed on the H200 (RESULTS.md, runs 249-251): ~40 ns a KB warm
+// up to ~16 KB, ~85 up to ~96 KB (the SM's instruction cache), ~205 from
+// L2, ~460-500 from DRAM; a skipped KB after each run one adds ~115. From
+// L2 while every SM streams: ~240 ns a KB with 2 copies in flight a block,
+// ~340 with 4, ~800 with 8, 1-2 us with 12; with only half the SMs
+// streaming, the idle rate on both halves (a GPU-wide queue, not the SM's
+// own). Code in the instruction cache runs at its warm rate under any load.
 //
 // Build and run (sm_90a; on the device machine): CMake builds it as
 // build/icache_probe where it finds the CUDA toolkit, or by hand
