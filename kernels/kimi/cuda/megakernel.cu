@@ -3840,7 +3840,7 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
 
 KT_KERNEL_TABLE_BEGIN
 KT_KERNEL(ktune_k0)
-#if KT_FEED >= 1
+#if KT_HAS_PREPARE
 KT_KERNEL(ktune_k1)
 #endif
 KT_KERNEL_TABLE_END
