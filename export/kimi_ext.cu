@@ -90,10 +90,10 @@ cudaError_t launch_step(const LaunchPlan& plan, const KimiDeviceArgs& args, cuda
 }
 
 // The prepare table's launch (variants whose `feed` reads repacked weights,
-// which ktune_k1 repacks into the scratch, or whose `numbering` is prepare,
-// whose plans it makes), once after the scratch is zeroed and the weights
-// are bound: the template's entry (mk::kPrepareLaunch, n blocks per SM).
-// Nothing for others.
+// which ktune_k1 repacks into the scratch, or whose `numbering` is prepare
+// or items, whose plans and items it makes), once after the scratch is
+// zeroed and the weights are bound: the template's entry
+// (mk::kPrepareLaunch, n blocks per SM). Nothing for others.
 cudaError_t launch_prepare(const KimiDeviceArgs& args, cudaStream_t stream) {
 #if KT_HAS_PREPARE
   int device = 0, sms = 0;

@@ -5,12 +5,13 @@
 # details, and the per-source-line and per-SASS-instruction stall samples
 # (where inside the one launch the warps wait, and on what).
 # Usage (device tool, with .devcarry carried):
-#   scripts/gpu_ncu.sh [bench args: --knobs JSON]   (NCU_COUNT=3 launches)
+#   scripts/gpu_ncu.sh [bench args: --knobs JSON]   (NCU_COUNT=3 launches;
+#   NCU_TIMEOUT=480 seconds for the profiled run, less when it follows a bench in one call)
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 export KTUNE_NO_CUPTI=1  # the profiler owns CUPTI (README)
 rep=/tmp/mk
-timeout 480 ncu --target-processes all -k ktune_k0 -c "${NCU_COUNT:-3}" --import-source yes \
+timeout "${NCU_TIMEOUT:-480}" ncu --target-processes all -k ktune_k0 -c "${NCU_COUNT:-3}" --import-source yes \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
   --section SchedulerStats --section WarpStateStats --section SourceCounters -f -o "$rep" \
   "$D/ktune" bench --backend cuda --size full --no-baseline --seeds 1 --samples 3 "$@" >"$OUT/ncu_run.log" 2>&1

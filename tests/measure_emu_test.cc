@@ -192,6 +192,12 @@ TEST_CASE("emulated CUDA megakernel reproduces golden kimi-top8 with the newer k
   golden_through_emu("kimi-top8.safetensors",
                      {{"numbering", "launch"}, {"stages", 4}, {"feed", "stream"}, {"sched", "static"}});
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"numbering", "launch"}, {"sched", "dynamic"}}));
+  // Items listed by the prepare table: with the next phase's first item
+  // streaming behind, and taken from the counter (read from the table, not
+  // the block's shared copy: the block does not know their place).
+  golden_through_emu("kimi-top8.safetensors",
+                     {{"numbering", "items"}, {"stages", 4}, {"feed", "stream"}, {"sched", "static"}});
+  golden_through_emu("kimi-top8.safetensors", cp_async_path({{"numbering", "items"}, {"sched", "dynamic"}}));
   // KDA items started by per-head counters: published by release atomics,
   // then by fences (k-split q,k,v,g tiles finished by whichever block ends last).
   golden_through_emu("kimi-top8.safetensors", cp_async_path({{"kda_start", "heads"}}));
@@ -259,12 +265,17 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   // Every kind numbered once by the prepare table for the step's grid
   // (its 12 blocks number for the step's 3), the loader using them too.
   golden_through_emu("kimi-top8.safetensors", {{"numbering", "prepare"}});
+  // And every item listed by it: a block's first 4 of a kind from its
+  // shared copy, the rest (here most: 3 blocks) from the table.
+  golden_through_emu("kimi-top8.safetensors", {{"numbering", "items"}});
   // The MoE gate/up k-splits finished by the last item of each tile (the
   // defaults add them by atomics into the layer's buffer, which the layer
   // after zeroes), on 3 SMs and on 32.
   golden_through_emu("kimi-top8.safetensors", {{"moe_reduce", "last"}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
+  // Items listed by the prepare table, with hold (most from the shared copy here).
+  golden_through_emu("kimi-top8.safetensors", {{"numbering", "items"}, {"hold", 2}});
   // Here (gather poll by default) the MoE gate/up's tiles meet by the
   // counter and down's, in the same partial slots, by polling.
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"moe_reduce", "last"}});
@@ -406,6 +417,7 @@ TEST_CASE("emulated CUDA megakernel with the MoE routing predicted reproduces go
   golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "launch"}}, "kimi-mega-cuda", miss);
   // The fix phase's numbering from the prepare table too (on 32 SMs).
   golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "prepare"}}, "kimi-mega-cuda", miss);
+  golden_through_emu("kimi-top8.safetensors", {{"predict", "top9"}, {"numbering", "items"}}, "kimi-mega-cuda", miss);
   unsetenv("KTUNE_EMU_SMS");
 }
 

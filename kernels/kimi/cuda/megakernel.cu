@@ -49,7 +49,9 @@
 // KT_ATTN_DEPTH (tiles in the mma attention's ring beyond the fitted depth),
 // KT_NUMBERING (0: each block numbers a GEMV phase's items at the barrier
 // before it; 1: once per kind of phase when the launch starts, make_plans;
-// 2: once per kind by the prepare table, copied at launch: load_plans),
+// 2: once per kind by the prepare table, copied at launch: load_plans;
+// 3: the same, and the prepare table lists every item too, each block
+// copying its own: no item arithmetic in the step, ItemMap::item),
 // KT_SCHED (GEMV items after a block's first: 0 round-robin, 1 from a
 // per-phase atomic counter), KT_LEAD (1: a GEMV phase's lead tiles, e.g.
 // the shared experts' gate/up while the routed ones wait for the router,
@@ -137,8 +139,8 @@
 // with the loader and no prediction (whose fix phase runs on some layers).
 #define KT_HOLD_ON (KT_HOLD > 0 && KT_FEED == 4 && !KT_PREDICTED)
 // The prepare table (ktune_k1): the bulk feeds' repacked weights, and
-// KT_NUMBERING 2's plans.
-#define KT_HAS_PREPARE (KT_FEED >= 1 || KT_NUMBERING == 2)
+// KT_NUMBERING 2's plans (and 3's items).
+#define KT_HAS_PREPARE (KT_FEED >= 1 || KT_NUMBERING >= 2)
 // Tests only: KT_PREDICT_MISS 1, the prediction drops its best expert, so
 // the routing is never within it; KT_PREDICT_FIX 0, a missed prediction is
 // not repaired (the output is then wrong), so a test that passes shows
@@ -199,7 +201,7 @@ static_assert(KT_SCHED == 0 || KT_SCHED == 1, "sched");
 static_assert(KT_LEAD == 0 || KT_LEAD == 1, "lead");
 static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
-static_assert(KT_NUMBERING >= 0 && KT_NUMBERING <= 2, "numbering");
+static_assert(KT_NUMBERING >= 0 && KT_NUMBERING <= 3, "numbering");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
@@ -243,10 +245,16 @@ static_assert(KT_FEED != 4 || (KT_SCHED == 0 && KT_BARRIER != 1),
 // on the phase's shape and the grid, so each block works out one per kind
 // of GEMV phase when the launch starts (make_plans); 2: the prepare table
 // works them out once (prepare_plans) and each launch copies them into
-// shared memory (load_plans).
+// shared memory (load_plans); 3: the prepare table also lists the items
+// themselves (Scratch::item_table), and each launch copies its block's first
+// kBlockItems of each kind of phase.
 struct ItemPlan {
   int rows = 0, lead = 0, S_lead = 1, S = 1, nch = 0, items = 0;
 };
+// KT_NUMBERING 3: a block's items of one kind of phase held in shared
+// memory (the H200's grid has at most 2 a block; a smaller grid reads the
+// rest from the table).
+constexpr int kBlockItems = 4;
 enum PlanKind {
   kPlanQkvg, kPlanMla1, kPlanOprojK, kPlanOprojM, kPlanWuv, kPlanMoeA, kPlanDown,
 #if KT_PREDICTED
@@ -288,11 +296,14 @@ struct alignas(16) Scratch {
   alignas(16) float partials[kMaxItems * TILE];
   alignas(16) float carry[KT_LAYERS][2][D];  // KT_REDUCE 1: o_proj's and down's sums per layer (zeroed at launch start)
   alignas(16) float attn_acc[kMaxChunks * MH * R];
-#if KT_NUMBERING == 2
+#if KT_NUMBERING >= 2
   // Each kind of GEMV phase's numbering, for a grid of plans_grid blocks
   // (the prepare table's: prepare_plans).
   ItemPlan plans[kPlanKinds];
   int plans_grid;
+#endif
+#if KT_NUMBERING == 3
+  uint4 item_table[kPlanKinds][kMaxItems];  // each kind's items, packed (pack_item); row items' entries unused
 #endif
 #if KT_FLOW
   // The phases' inputs as tagged words (flow_tag): the attention output o
@@ -423,6 +434,9 @@ struct alignas(16) Smem {
 #endif
 #if KT_NUMBERING >= 1
   ItemPlan plans[kPlanKinds];  // each kind of GEMV phase's numbering (make_plans, load_plans)
+#endif
+#if KT_NUMBERING == 3
+  uint4 block_items[kPlanKinds][kBlockItems];  // the block's first items of each kind (load_plans)
 #endif
   unsigned long long route_at[2];  // profile: when the loader saw the logits and selected the experts
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
@@ -1839,11 +1853,27 @@ KT_DEV ItemPlan number_items(const P& p) {
   return number_items(shape_of(p));
 }
 
+// KT_NUMBERING 3: an item as the prepare table lists it (16 bytes: chunks
+// and split counts fit 16 bits, slots 30).
+KT_DEV uint4 pack_item(const Item& i) {
+  return make_uint4(unsigned(i.tile), unsigned(i.kc0 | i.kc1 << 16), unsigned(i.split | i.S << 16),
+                    unsigned(i.slot0) | (i.one_round ? 1u << 30 : 0u));
+}
+KT_DEV Item unpack_item(uint4 w) {
+  return Item{int(w.x), int(w.y & 0xffff), int(w.y >> 16), int(w.z & 0xffff), int(w.z >> 16),
+              int(w.w & 0x3fffffff), (w.w >> 30) != 0u};
+}
+
 struct ItemMap : ItemPlan {
   static constexpr int unit = kSplitUnit;
+  // KT_NUMBERING 3: the kind's items, the block's first ones (shared
+  // memory) and all of them (the prepare table's).
+  const uint4* mine = nullptr;
+  const uint4* all = nullptr;
+  ItemMap() = default;
   KT_DEV explicit ItemMap(const ItemPlan& plan) : ItemPlan(plan) {}
-  // Item `it` (rows <= it < items).
-  KT_DEV Item item(int it) const {
+  // Item `it` (rows <= it < items) for a grid of `blocks`, worked out.
+  KT_DEV Item number(int it, int blocks) const {
     const int nu = nch / unit;
     int j = it - rows, tile, split, s, slot0;
     if (j < lead * S_lead) {
@@ -1852,16 +1882,42 @@ struct ItemMap : ItemPlan {
       j -= lead * S_lead;
       tile = lead + j / S, split = j % S, s = S, slot0 = lead * S_lead + (tile - lead) * S;
     }
-    return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0, items <= int(gridDim.x)};
+    return Item{tile, split * nu / s * unit, (split + 1) * nu / s * unit, split, s, slot0, items <= blocks};
+  }
+  // Item `it`, the block's `nth` of the phase (-1: not known, KT_SCHED 1).
+  KT_DEV Item item(int it, int nth) const {
+#if KT_NUMBERING == 3
+    return unpack_item(nth >= 0 && nth < kBlockItems ? mine[nth] : all[it]);
+#else
+    (void)nth;
+    return number(it, int(gridDim.x));
+#endif
   }
 };
 
+// The numbering of phase kind `kind` from the launch's start (KT_NUMBERING
+// 1-3; 3 with its items).
+KT_DEV ItemMap kind_map(const Ctx& c, int kind) {
+#if KT_NUMBERING >= 1
+  ItemMap map(c.sm->plans[kind]);
+#if KT_NUMBERING == 3
+  map.mine = c.sm->block_items[kind];
+  map.all = c.s->item_table[kind];
+#endif
+  return map;
+#else
+  (void)c;
+  (void)kind;
+  return ItemMap();
+#endif
+}
+
 // Phase p's numbering: KT_NUMBERING 0, the one barrier_before made for it,
-// if it did; 1 and 2, its kind's in shared memory from the launch's start.
+// if it did; 1-3, its kind's in shared memory from the launch's start.
 template <class P>
 KT_DEV ItemMap phase_map(const Ctx& c, const P& p) {
 #if KT_NUMBERING >= 1
-  return ItemMap(c.sm->plans[p.plan_kind()]);
+  return kind_map(c, p.plan_kind());
 #else
   return c.plan_phase == c.gemv_phases ? ItemMap(c.plan) : ItemMap(number_items(p));
 #endif
@@ -1872,9 +1928,9 @@ template <class P>
 KT_DEV void prefetch_phase(Ctx& c, P& p) {
 #if KT_PREFETCH
   const ItemMap map = phase_map(c, p);
-  for (int it = int(blockIdx.x); it < map.items; it += gridDim.x) {
+  for (int it = int(blockIdx.x), nth = 0; it < map.items; it += gridDim.x, ++nth) {
     if (it < map.rows) continue;
-    const Item item = map.item(it);
+    const Item item = map.item(it, nth);
     const int tile = item.tile, kc0 = item.kc0, kc1 = item.kc1;
     if (!p.static_weights(tile)) continue;
     const int segc = p.seg_chunks(tile);
@@ -1902,7 +1958,7 @@ KT_DEV void early_issue(Ctx& c, P& p) {
   const ItemMap map = phase_map(c, p);
   const int it = int(blockIdx.x);
   if (it < map.rows || it >= map.items) return;
-  const Item item = map.item(it);
+  const Item item = map.item(it, 0);
   if (!p.static_weights(item.tile)) return;
 #if KT_FEED >= 1
   if (c.pre > 0) return;  // the previous phase's last item streamed them already
@@ -1930,7 +1986,8 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
 #if KT_HOLD_ON
   signal_loader(c, &c.sm->gemv_started, unsigned(c.gemv_phases));
 #endif
-  for (int it = blockIdx.x; it < map.items;) {
+  // nth: the item's place among the block's (-1: not known, KT_SCHED 1).
+  for (int it = blockIdx.x, nth = 0; it < map.items;) {
     int next = it + int(gridDim.x);
 #if KT_SCHED == 1
     if (c.tid == 0) next = int(gridDim.x) + int(atomicAdd(counter, 1u));
@@ -1940,7 +1997,7 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
     if (it < map.rows) {
       p.row_item(c, it);
     } else {
-      const Item item = map.item(it);
+      const Item item = map.item(it, nth);
       p.before_tile(c, item.tile);
 #if KT_FEED >= 1
       // The bulk feed streams the block's next item behind this one when
@@ -1950,13 +2007,13 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
       // between them uses the ring).
       c.next_n = 0;
       if ((KT_FEED == 2 || KT_FEED == 3) && KT_SCHED == 0 && next >= map.rows && next < map.items) {
-        const Item ni = map.item(next);
+        const Item ni = map.item(next, nth + 1);
         if (p.feedable(c, ni.tile)) name_next(c, p, ni.tile, ni.kc0, ni.kc1);
       } else if (KT_FEED == 3 && KT_SCHED == 0 && next >= map.items && np) {
         const ItemMap nmap = phase_map(c, *np);
         const int first = int(blockIdx.x);
         if (first >= nmap.rows && first < nmap.items) {
-          const Item ni = nmap.item(first);
+          const Item ni = nmap.item(first, 0);
           if (np->feedable(c, ni.tile)) name_next(c, *np, ni.tile, ni.kc0, ni.kc1);
         }
       }
@@ -1968,6 +2025,9 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
     kt_block_sync();
     next = c.sm->next_item;
     kt_block_sync();  // read by all before thread 0 writes it again
+    nth = -1;
+#else
+    ++nth;
 #endif
     it = next;
   }
@@ -3122,18 +3182,29 @@ KT_DEV void make_plans(Ctx& c) {
 }
 #endif
 
-#if KT_NUMBERING == 2
+#if KT_NUMBERING >= 2
 // KT_NUMBERING 2, in the prepare table: warp w of block 0 numbers kind w
 // for the step's grid, which has KT_BLOCKS_PER_SM blocks an SM where this
 // launch has kPrepareBlocksPerSm (both launches are sized per SM).
 static_assert(kPlanKinds <= kPrepareThreads / 32, "a warp a kind of phase");
+// KT_NUMBERING 3: then the block lists every kind's items (ItemMap::number).
 KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
   const int warp = int(threadIdx.x) / 32, blocks = int(gridDim.x) / kPrepareBlocksPerSm * KT_BLOCKS_PER_SM;
-  if (blockIdx.x != 0 || warp >= kPlanKinds) return;
+  if (blockIdx.x != 0) return;
   Scratch* s = reinterpret_cast<Scratch*>(a.scratch);
-  const ItemPlan pl = number_items(plan_shape(a, warp), blocks);
-  if (threadIdx.x % 32 == 0) s->plans[warp] = pl;
+  if (warp < kPlanKinds) {
+    const ItemPlan pl = number_items(plan_shape(a, warp), blocks);
+    if (threadIdx.x % 32 == 0) s->plans[warp] = pl;
+  }
   if (threadIdx.x == 0) s->plans_grid = blocks;
+#if KT_NUMBERING == 3
+  __syncthreads();  // the block's plans are written (and seen by the block)
+  for (int kind = 0; kind < kPlanKinds; ++kind) {
+    const ItemMap map(s->plans[kind]);
+    for (int it = map.rows + int(threadIdx.x); it < map.items; it += int(blockDim.x))
+      s->item_table[kind][it] = pack_item(map.number(it, blocks));
+  }
+#endif
 }
 
 // Each launch's start, before the block's first barrier (the loader warp
@@ -3144,22 +3215,33 @@ KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
 // the block traps rather than run a numbering that skips or repeats items.
 // So the phase boundaries run no search: ~40 KB of code a step that came
 // from L2 each time (RESULTS, runs 249-250).
+// KT_NUMBERING 3: and the block's first kBlockItems items of each kind,
+// an item a thread (the next threads), so no step runs ItemMap::number
+// (~20 KB of code, most of it cold: RESULTS, run 254).
 KT_DEV void load_plans(Ctx& c) {
   constexpr int kWords = kPlanKinds * int(sizeof(ItemPlan) / sizeof(int));
   static_assert(sizeof(ItemPlan) % sizeof(int) == 0 && kWords <= THREADS, "a word a thread");
   if (c.s->plans_grid != int(gridDim.x)) __trap();
   if (c.tid < kWords) reinterpret_cast<int*>(c.sm->plans)[c.tid] = reinterpret_cast<const int*>(c.s->plans)[c.tid];
+#if KT_NUMBERING == 3
+  static_assert(kWords + kPlanKinds * kBlockItems <= THREADS, "an item a thread");
+  const int t = c.tid - kWords, kind = t / kBlockItems, nth = t % kBlockItems;
+  if (t >= 0 && kind < kPlanKinds) {
+    const int it = int(blockIdx.x) + nth * int(gridDim.x);
+    if (it < c.s->plans[kind].items) c.sm->block_items[kind][nth] = c.s->item_table[kind][it];
+  }
+#endif
 }
 #endif
 
 // The loader's numbering of phase p: its own search, or the prepare table's.
 template <class P>
-KT_DEV ItemPlan loader_plan(const Ctx& c, const P& p) {
-#if KT_NUMBERING == 2
-  return c.sm->plans[p.plan_kind()];
+KT_DEV ItemMap loader_map(const Ctx& c, const P& p) {
+#if KT_NUMBERING >= 2
+  return kind_map(c, p.plan_kind());
 #else
   (void)c;
-  return number_items(p);
+  return ItemMap(number_items(p));
 #endif
 }
 
@@ -3334,9 +3416,9 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
   const unsigned phase = ++c.fed_phases;
   int issued = 0;
 #endif
-  for (int it = int(blockIdx.x); it < map.items; it += int(gridDim.x)) {
+  for (int it = int(blockIdx.x), nth = 0; it < map.items; it += int(gridDim.x), ++nth) {
     if (it < map.rows) continue;
-    const Item item = map.item(it);
+    const Item item = map.item(it, nth);
     before(item);
 #if KT_HOLD_ON
     const int g0 = item.kc0 / STAGE_CHUNKS;
@@ -3355,7 +3437,7 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 // after the numbering, whose search is then off that wait's path.
 template <class P>
 KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
-  const ItemMap map(loader_plan(c, p));
+  const ItemMap map = loader_map(c, p);
   if (attentions > 0) loader_wait(&c.sm->attentions, attentions);
   feed_items(c, p, map, [](const Item&) {});
 }
@@ -3367,7 +3449,7 @@ KT_DEV void load_phase(Ctx& c, const P& p, unsigned attentions = 0) {
 KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
   const MoeAPhase up{{moe_layer_repack(layer)}, L, layer, moe_experts(c, layer)};
   const DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, nullptr, nullptr, nullptr, nullptr};
-  ItemPlan down_plan;
+  ItemMap down_map;
   bool planned = false;
 #if KT_PREDICTED
   // The routed tiles' experts are the predicted ones, known before the
@@ -3380,9 +3462,9 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
     if (KT_PREDICT_STREAM == 1) loader_landed(c);
   };
 #endif
-  feed_items(c, up, ItemMap(loader_plan(c, up)), [&](const Item& item) {
+  feed_items(c, up, loader_map(c, up), [&](const Item& item) {
     if (up.static_weights(item.tile)) return;
-    if (!planned) down_plan = loader_plan(c, down);
+    if (!planned) down_map = loader_map(c, down);
     planned = true;
 #if KT_PREDICTED
     predict();
@@ -3390,7 +3472,7 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
     loader_route(c, layer);
 #endif
   });
-  if (!planned) down_plan = loader_plan(c, down);
+  if (!planned) down_map = loader_map(c, down);
 #if KT_PREDICTED
   predict();  // every block's loader matches the routing to the prediction
 #endif
@@ -3398,10 +3480,10 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
 #if KT_PREDICTED
   if (KT_PREDICT_FIX && c.sm->miss) {
     const MoeFixPhase fix{{moe_layer_repack(layer)}, L, layer, c.sm->topk};
-    feed_items(c, fix, ItemMap(loader_plan(c, fix)), [](const Item&) {});
+    feed_items(c, fix, loader_map(c, fix), [](const Item&) {});
   }
 #endif
-  feed_items(c, down, ItemMap(down_plan), [](const Item&) {});
+  feed_items(c, down, down_map, [](const Item&) {});
 }
 
 // The next launch starts with layer 0's first GEMV phase and an empty ring:
@@ -3411,11 +3493,11 @@ KT_DEV void load_moe(Ctx& c, int layer, const KtMoeLayer& L) {
 // last phase's stages are in flight or in the ring by then).
 template <class P>
 KT_DEV void prefetch_first_stages(Ctx& c, const P& p) {
-  const ItemMap map(loader_plan(c, p));
+  const ItemMap map = loader_map(c, p);
   int n = 0;
-  for (int it = int(blockIdx.x); it < map.items && n < STAGES; it += int(gridDim.x)) {
+  for (int it = int(blockIdx.x), nth = 0; it < map.items && n < STAGES; it += int(gridDim.x), ++nth) {
     if (it < map.rows) continue;
-    const Item item = map.item(it);
+    const Item item = map.item(it, nth);
     for (int g = item.kc0 / STAGE_CHUNKS; g < item.kc1 / STAGE_CHUNKS && n < STAGES; ++g, ++n)
       if (feeds(c)) kt_prefetch_l2_bulk(c.a.scratch + stage_offset(p, item.tile, g), unsigned(sizeof(Stage)));
   }
@@ -3635,7 +3717,7 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
 #if KT_PREDICTED
   predict_tables(a);
 #endif
-#if KT_NUMBERING == 2
+#if KT_NUMBERING >= 2
   prepare_plans(a);
 #endif
 #if KT_GATHER_POLL
@@ -3704,11 +3786,11 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
     c.sm->oproj_layers = 0;
 #endif
   }
-#if KT_NUMBERING == 2
+#if KT_NUMBERING >= 2
   load_plans(c);
 #endif
   __syncthreads();  // the whole block, the loader warp too
-#elif KT_NUMBERING == 2
+#elif KT_NUMBERING >= 2
   load_plans(c);
   __syncthreads();
 #endif
