@@ -276,6 +276,9 @@ TEST_CASE("emulated CUDA megakernel with the loader warp reproduces golden kimi-
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"reduce", "atomic"}});
   // Items listed by the prepare table, with hold (most from the shared copy here).
   golden_through_emu("kimi-top8.safetensors", {{"numbering", "items"}, {"hold", 2}});
+  // The boundary helpers out of line (the gather by polling runs here:
+  // phases of one item a block).
+  golden_through_emu("kimi-top8.safetensors", {{"helpers", "shared"}});
   // Here (gather poll by default) the MoE gate/up's tiles meet by the
   // counter and down's, in the same partial slots, by polling.
   golden_through_emu("kimi-top8.safetensors", {{"stages", 8}, {"feed", "loader"}, {"moe_reduce", "last"}});

@@ -154,13 +154,17 @@ KnobSpace cuda_mega_space() {
        "launch and layer) and polled by the phase's staging, with no barrier before it (one grid barrier a "
        "layer is left; tagged_o: o_proj's input only; needs feed loader, reduce last, moe_reduce atomic, "
        "predict off, kda_start barrier)"},
-      {"numbering", "KT_NUMBERING", {"barrier", "launch", "prepare", "items"}, "prepare",
+      {"numbering", "KT_NUMBERING", {"barrier", "launch", "prepare", "items"}, "items",
        "how a block numbers a GEMV phase's items (split_for's search): at the barrier before the phase, between "
        "its arrival and the grid's (the last block to arrive starts the phase after it; a copy of the search per "
        "phase type), or once per kind of phase when the launch starts (one copy; the loader warp numbers its "
        "own either way), or once by the prepare table, each launch copying them into shared memory (no search "
        "in the step's code, the loader's included), or that and the prepare table listing every item as well, each "
        "launch copying its block's (no item arithmetic in the step's code either)"},
+      {"helpers", "KT_HELPERS", {"inline", "shared"}, "inline",
+       "the helpers a phase runs once at its start or end (its input RMSNorm, the beta and router rows' dots, "
+       "the k-split gather): inlined at each call site, or one out-of-line copy each, so that less code comes "
+       "from L2 at each phase boundary (at the cost of a call)"},
       {"profile", "KT_PROFILE", {0, 1}, 0, "stamp each phase's start time (for the per-phase profile only)"},
   };
   // Where a knob changes nothing (its macro does not reach the compiled

@@ -63,7 +63,8 @@
 // KT_INFLIGHT (with the loader: at most that many of a block's stage copies
 // in flight, 0: as many as the ring has free slots), KT_HOLD (with the
 // loader: at most that many of a GEMV phase's stages issued before the
-// block's consumers start the phase, 0: no limit),
+// block's consumers start the phase, 0: no limit), KT_HELPERS (1: a
+// phase's boundary helpers as one out-of-line copy each, KT_HELPER),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
 // block's first tiles issued in the q_abs phase, attn_issue_first),
@@ -138,6 +139,16 @@
 // KT_HOLD counts the loader's GEMV phases as the consumers' one for one:
 // with the loader and no prediction (whose fix phase runs on some layers).
 #define KT_HOLD_ON (KT_HOLD > 0 && KT_FEED == 4 && !KT_PREDICTED)
+// KT_HELPERS 1: helpers that run once a phase at its start or end, each
+// inlined at several call sites (a phase's input RMSNorm, the beta and
+// router rows' dots, the k-split gather), as one out-of-line copy each:
+// every inlined copy ran cold from L2 each step (RESULTS, run 255). Their
+// arguments go by value (a Ctx passed to a call would move to local memory).
+#if KT_HELPERS
+#define KT_HELPER __device__ __noinline__
+#else
+#define KT_HELPER KT_DEV
+#endif
 // The prepare table (ktune_k1): the bulk feeds' repacked weights, and
 // KT_NUMBERING 2's plans (and 3's items).
 #define KT_HAS_PREPARE (KT_FEED >= 1 || KT_NUMBERING >= 2)
@@ -222,6 +233,7 @@ static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDI
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_HOLD >= 0, "hold");
+static_assert(KT_HELPERS == 0 || KT_HELPERS == 1, "helpers");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
 static_assert(!KT_FLOW || cmax(cmax(4 * C, QDIM + KVA + TILE), cmax(GU_SLOTS * 2 * I, D)) / TILE <= kMaxTiles / 2,
@@ -614,15 +626,16 @@ KT_DEV void loader_wait(const unsigned* flag, unsigned target, unsigned nap = 20
   __threadfence_block();
 }
 
-KT_DEV float block_sum(Ctx& c, float v) {
+KT_DEV float block_sum(Smem* sm, int tid, float v) {
   v = kt_warp_sum(v);
   kt_block_sync();
-  if (c.lane == 0) c.sm->bsum[c.warp] = v;
+  if (tid % 32 == 0) sm->bsum[tid / 32] = v;
   kt_block_sync();
   float t = 0;
-  for (int w = 0; w < WARPS; ++w) t += c.sm->bsum[w];
+  for (int w = 0; w < WARPS; ++w) t += sm->bsum[w];
   return t;
 }
+KT_DEV float block_sum(Ctx& c, float v) { return block_sum(c.sm, c.tid, v); }
 
 KT_DEV float block_max(Ctx& c, float v) {
   v = kt_warp_max(v);
@@ -732,30 +745,46 @@ KT_DEV void poll_tagged(const Ctx& c, const unsigned* src, int n8, unsigned tag,
 // xs = RMSNorm(x, w) as bf16 pairs, from x's and w's 16-byte pieces
 // (this thread's: c.tid + i * THREADS).
 template <int PER>
-KT_DEV void rmsnorm_to_xs(Ctx& c, const uint4 (&xv)[PER], const uint4 (&wv)[PER]) {
+KT_DEV void rmsnorm_to_xs(Smem* sm, int tid, const uint4 (&xv)[PER], const uint4 (&wv)[PER]) {
   constexpr int V = D / 8;
   float ss = 0;
 #pragma unroll
   for (int i = 0; i < PER; ++i)
-    if (c.tid + i * THREADS < V)
+    if (tid + i * THREADS < V)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t p = word_of(xv[i], j);
         ss += kt_lo(p) * kt_lo(p) + kt_hi(p) * kt_hi(p);
       }
-  const float inv = rsqrtf(block_sum(c, ss) / float(D) + float(KT_EPS));
+  const float inv = rsqrtf(block_sum(sm, tid, ss) / float(D) + float(KT_EPS));
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int v = c.tid + i * THREADS;
+    const int v = tid + i * THREADS;
     if (v < V)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t p = word_of(xv[i], j), q = word_of(wv[i], j);
-        c.sm->xs_hi[4 * v + j] = kt_pack(kt_lo(p) * inv * kt_lo(q), kt_hi(p) * inv * kt_hi(q));
-        c.sm->xs_lo[4 * v + j] = 0;
+        sm->xs_hi[4 * v + j] = kt_pack(kt_lo(p) * inv * kt_lo(q), kt_hi(p) * inv * kt_hi(q));
+        sm->xs_lo[4 * v + j] = 0;
       }
   }
   kt_block_sync();
+}
+
+// xs = RMSNorm(x, w), x written before a grid barrier of this launch.
+// KT_HELPERS 1: one out-of-line copy (KT_HELPER).
+KT_HELPER void rmsnorm_plain(Smem* sm, int tid, const uint16_t* x, const uint16_t* w) {
+  constexpr int V = D / 8, PER = kNormLoads;  // 8 values per 16-byte load
+  uint4 xv[PER], wv[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = tid + i * THREADS;
+    if (v < V) {
+      xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
+      wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
+    }
+  }
+  rmsnorm_to_xs(sm, tid, xv, wv);
 }
 
 // xs = RMSNorm(x, w); x was written earlier in this launch (KT_FLOW 1:
@@ -763,22 +792,24 @@ KT_DEV void rmsnorm_to_xs(Ctx& c, const uint4 (&xv)[PER], const uint4 (&wv)[PER]
 // grid barrier).
 KT_DEV void stage_rmsnorm(Ctx& c, const uint16_t* x, const uint16_t* w, const unsigned* tagged = nullptr,
                           unsigned tag = 0) {
-  constexpr int V = D / 8, PER = kNormLoads;  // 8 values per 16-byte load
-  uint4 xv[PER], wv[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int v = c.tid + i * THREADS;
-    if (v < V) {
-      if (!tagged) xv[i] = kt_ld_cg(reinterpret_cast<const uint4*>(x) + v);
-      wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
-    }
-  }
 #if KT_FLOW
-  if (tagged) poll_tagged(c, tagged, V, tag, xv);
+  if (tagged) {
+    constexpr int V = D / 8, PER = kNormLoads;
+    uint4 xv[PER], wv[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int v = c.tid + i * THREADS;
+      if (v < V) wv[i] = kt_ld_weights<0>(reinterpret_cast<const uint4*>(w) + v);
+    }
+    poll_tagged(c, tagged, V, tag, xv);
+    rmsnorm_to_xs(c.sm, c.tid, xv, wv);
+    return;
+  }
 #else
+  (void)tagged;
   (void)tag;
 #endif
-  rmsnorm_to_xs(c, xv, wv);
+  rmsnorm_plain(c.sm, c.tid, x, w);
 }
 
 // KT_REDUCE 1: the vector a carried phase (o_proj, down) would have written,
@@ -1708,29 +1739,33 @@ constexpr unsigned kUnwritten = 0xffffffffu;
 // the hand-off's path (RESULTS, run 208). Only when the phase has one item
 // a block (item.one_round), so split 0 never waits for an item queued
 // behind a waiting one. The sum's order is the counter's: split 0, 1, ...
-KT_DEV float gather_polled(Ctx& c, const Item& item, int slot0, float y) {
-  unsigned* part = reinterpret_cast<unsigned*>(c.s->partials) + size_t(slot0) * TILE + c.tid;
+// `part`: this column's partial of split 0 (its slot). KT_HELPERS 1: one
+// out-of-line copy (KT_HELPER).
+KT_HELPER float gather_polled_at(unsigned* part, int S, float y) {
   constexpr int kBatch = 8;  // loads in flight at once
-  for (int sp0 = 1; sp0 < item.S; sp0 += kBatch) {
+  for (int sp0 = 1; sp0 < S; sp0 += kBatch) {
     unsigned w[kBatch];
     for (;;) {
       bool landed = true;
 #pragma unroll
       for (int j = 0; j < kBatch; ++j)
-        if (sp0 + j < item.S) w[j] = kt_ld_relaxed(part + size_t(sp0 + j) * TILE);
+        if (sp0 + j < S) w[j] = kt_ld_relaxed(part + size_t(sp0 + j) * TILE);
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) landed = landed && (sp0 + j >= item.S || w[j] != kUnwritten);
+      for (int j = 0; j < kBatch; ++j) landed = landed && (sp0 + j >= S || w[j] != kUnwritten);
       if (landed) break;
       __nanosleep(20);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j)
-      if (sp0 + j < item.S) {
+      if (sp0 + j < S) {
         y += __uint_as_float(w[j]);
         kt_st_relaxed(part + size_t(sp0 + j) * TILE, kUnwritten);
       }
   }
   return y;
+}
+KT_DEV float gather_polled(Ctx& c, const Item& item, int slot0, float y) {
+  return gather_polled_at(reinterpret_cast<unsigned*>(c.s->partials) + size_t(slot0) * TILE + c.tid, item.S, y);
 }
 
 // KT_FLOW 1 or 2: which half of the k-split partials and counters this GEMV
@@ -2037,27 +2072,29 @@ KT_DEV void run_gemv_phase(Ctx& c, P& p, const NP* np = nullptr) {
 // All of a lane's loads are issued before the first is used: the router's
 // logits gate every routed expert, and a loop that waits for each load in
 // turn made them several round trips late.
+// KT_HELPERS 1: one out-of-line copy (KT_HELPER).
 constexpr int kRowLoads = cdiv(D, 256);
-KT_DEV float row_dot(Ctx& c, const uint16_t* w) {
+KT_HELPER float row_dot_lane(const Smem* sm, int lane, const uint16_t* w) {
   uint4 v[kRowLoads];
 #pragma unroll
   for (int j = 0; j < kRowLoads; ++j) {
-    const int k = c.lane * 8 + 256 * j;
+    const int k = lane * 8 + 256 * j;
     v[j] = k < D ? kt_ld_weights<0>(w + k) : make_uint4(0, 0, 0, 0);
   }
   float acc = 0;
 #pragma unroll
   for (int j = 0; j < kRowLoads; ++j) {
-    const int k = c.lane * 8 + 256 * j;
+    const int k = lane * 8 + 256 * j;
     if (k >= D) break;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t xp = c.sm->xs_hi[k / 2 + i], wv = word_of(v[j], i);
+      const uint32_t xp = sm->xs_hi[k / 2 + i], wv = word_of(v[j], i);
       acc += kt_lo(xp) * kt_lo(wv) + kt_hi(xp) * kt_hi(wv);
     }
   }
   return kt_round_bf16(kt_warp_sum(acc));
 }
+KT_DEV float row_dot(Ctx& c, const uint16_t* w) { return row_dot_lane(c.sm, c.lane, w); }
 
 // Shared between phases: a single-matrix tile list.
 struct OneMatrix {
