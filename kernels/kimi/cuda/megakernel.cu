@@ -3240,6 +3240,7 @@ KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
   __syncthreads();  // the block's plans are written (and seen by the block)
   for (int kind = 0; kind < kPlanKinds; ++kind) {
     const ItemMap map(s->plans[kind]);
+    if (map.items > kMaxItems) __trap();  // the table's row would overflow (no grid of the launch tables comes near)
     for (int it = map.rows + int(threadIdx.x); it < map.items; it += int(blockDim.x))
       s->item_table[kind][it] = pack_item(map.number(it, blocks));
   }
