@@ -161,6 +161,10 @@ KnobSpace cuda_mega_space() {
        "own either way), or once by the prepare table, each launch copying them into shared memory (no search "
        "in the step's code, the loader's included), or that and the prepare table listing every item as well, each "
        "launch copying its block's (no item arithmetic in the step's code either)"},
+      {"hold_release", "KT_HOLD_RELEASE", {"phase", "barrier"}, "phase",
+       "with hold: the held stages go out when the block's consumers begin the phase's items (after its input "
+       "staging), or as soon as they pass the grid barrier before it (the staging's loads then share L2 with "
+       "them, and the first items wait less for DRAM)"},
       {"helpers", "KT_HELPERS", {"inline", "shared"}, "inline",
        "the helpers a phase runs once at its start or end (its input RMSNorm, the beta and router rows' dots, "
        "the k-split gather): inlined at each call site, or one out-of-line copy each, so that less code comes "
@@ -186,6 +190,10 @@ KnobSpace cuda_mega_space() {
   // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
   when("hold", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off";
+  });
+  when("hold_release", [](const json& p) {
+    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off" &&
+           p["hold"].get<int>() > 0;
   });
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";

@@ -63,7 +63,9 @@
 // KT_INFLIGHT (with the loader: at most that many of a block's stage copies
 // in flight, 0: as many as the ring has free slots), KT_HOLD (with the
 // loader: at most that many of a GEMV phase's stages issued before the
-// block's consumers start the phase, 0: no limit), KT_HELPERS (1: a
+// block's consumers start the phase, 0: no limit), KT_HOLD_RELEASE (with
+// KT_HOLD: the rest released when the consumers begin the phase's items, 0,
+// or when they pass the grid barrier before it, 1), KT_HELPERS (1: a
 // phase's boundary helpers as one out-of-line copy each, KT_HELPER),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
@@ -235,6 +237,7 @@ static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDI
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_HOLD >= 0, "hold");
+static_assert(KT_HOLD_RELEASE == 0 || KT_HOLD_RELEASE == 1, "hold_release");
 static_assert(KT_HELPERS == 0 || KT_HELPERS == 1, "helpers");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
@@ -3059,6 +3062,11 @@ KT_DEV void barrier_before(Ctx& c, P& p, bool grid = true) {
   grid ? barrier_arrive(c) : mark_arrival(c);
   if (!numbered_first) number();
   if (grid) barrier_wait(c);
+#if KT_HOLD_ON && KT_HOLD_RELEASE == 1
+  // The loader's held stages go out once the grid is past the barrier, as
+  // the phase's staging starts, rather than after it (run_gemv_phase).
+  signal_loader(c, &c.sm->gemv_started, unsigned(c.gemv_phases + 1));
+#endif
 }
 
 // o_proj of either attention: h = x + bf16(o @ W), o (bf16 [K]) staged once.
