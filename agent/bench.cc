@@ -90,10 +90,12 @@ const json* timing_at(const Measurement& m, int ctx) {
   return nullptr;
 }
 
-// The worst value of a metric per kind of output over the validation cases:
-// the lowest cosine, the highest relative L2 error (both are gated).
-json worst_of(const Measurement& m, const char* metric) {
-  const bool lowest = std::string(metric) == "cosine";
+// The worst value of a metric per kind of output over the validation cases
+// (both are gated): the lowest of a similarity (cosine), the highest of an
+// error (relative L2). A case without the metric counts as the worst.
+enum class Worst { Lowest, Highest };
+json worst_of(const Measurement& m, const char* metric, Worst worst) {
+  const bool lowest = worst == Worst::Lowest;
   json w = json::object();
   for (const auto& c : m.cases)
     for (auto& [name, s] : c.metrics.items()) {
@@ -487,8 +489,9 @@ int run_bench(const BenchOptions& o) {
       std::printf("timed in rounds once every variant is validated\n");
     else
       std::printf("time %.1f s\n", r.m.time_s);
-    std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(), worst_of(r.m, "cosine").dump().c_str());
-    std::printf("  worst relative L2 error: %s\n", worst_of(r.m, "rel_l2").dump().c_str());
+    std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(),
+                worst_of(r.m, "cosine", Worst::Lowest).dump().c_str());
+    std::printf("  worst relative L2 error: %s\n", worst_of(r.m, "rel_l2", Worst::Highest).dump().c_str());
     int mism = 0;
     for (auto& c : r.m.cases) mism += !c.experts_match;
     std::printf("  cases with other experts than the oracle: %d\n", mism);
@@ -502,8 +505,9 @@ int run_bench(const BenchOptions& o) {
   for (const Row& r : rows)
     results["variants"].push_back({{"name", r.name}, {"id", r.v.id}, {"knobs", r.v.knobs}, {"outcome", r.m.outcome},
                                    {"error", r.m.error}, {"launches_per_step", r.m.launches},
-                                   {"worst_cosine", worst_of(r.m, "cosine")},
-                                   {"worst_rel_l2", worst_of(r.m, "rel_l2")}, {"timings", r.m.timings}});
+                                   {"worst_cosine", worst_of(r.m, "cosine", Worst::Lowest)},
+                                   {"worst_rel_l2", worst_of(r.m, "rel_l2", Worst::Highest)},
+                                   {"timings", r.m.timings}});
   const Row* base = o.with_baseline ? &rows[0] : nullptr;
   const Row& m = rows[o.with_baseline ? 1 : 0];
   std::printf("\n%-8s %14s %14s %10s %9s %9s %14s\n", "context", "baseline us", "megakernel us", "floor us",
