@@ -563,20 +563,21 @@ json CudaBackend::probe(std::string* err) {
     struct Case {
       const char* name;
       const char* detail;
+      bool smem;  // needs the dynamic shared memory attribute
       std::function<CUresult()> launch;
     };
     const std::vector<Case> cases = {
-        {"step_launch_empty", "an empty kernel, 1 block of 32 threads, timed alone (events around it, then a wait)",
+        {"step_launch_empty", "an empty kernel, 1 block of 32 threads, timed alone (events around it, then a wait)", false,
          [&] { return drv_.LaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr); }},
-        {"step_launch_args", "the step's parameters, a block of 384 threads an SM, timed alone",
+        {"step_launch_args", "the step's parameters, a block of 384 threads an SM, timed alone", false,
          [&] { return drv_.LaunchKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, 0, nullptr, sp, nullptr); }},
-        {"step_launch_args_smem", "the same with 182 KB of dynamic shared memory a block",
+        {"step_launch_args_smem", "the same with 182 KB of dynamic shared memory a block", true,
          [&] { return drv_.LaunchKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, kStepSmem, nullptr, sp, nullptr); }},
-        {"step_launch_args_smem_coop", "the same as a cooperative launch (the megakernel's step)", [&] {
+        {"step_launch_args_smem_coop", "the same as a cooperative launch (the megakernel's step)", true, [&] {
            return drv_.LaunchCooperativeKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, kStepSmem, nullptr, sp);
          }}};
     for (const Case& c : cases) {
-      if (!smem_ok && std::string(c.name).find("smem") != std::string::npos) continue;
+      if (c.smem && !smem_ok) continue;
       CUresult first = c.launch();
       if (first != CUDA_SUCCESS || cudaDeviceSynchronize() != cudaSuccess) {
         out.push_back({{"name", c.name}, {"value", 0}, {"unit", ""}, {"detail", "launch failed: " + drv_.message(first)}});
