@@ -188,13 +188,11 @@ KnobSpace cuda_mega_space() {
   for (const char* k : {"launch_prefetch", "predict", "inflight"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
-  when("hold", [](const json& p) {
+  auto holds = [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off";
-  });
-  when("hold_release", [](const json& p) {
-    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off" &&
-           p["hold"].get<int>() > 0;
-  });
+  };
+  when("hold", holds);
+  when("hold_release", [holds](const json& p) { return holds(p) && p["hold"].get<int>() > 0; });
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });
