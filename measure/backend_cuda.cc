@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <vector>
 
 #include "base/fs.h"
 #include "kernels/kimi/templates.h"
@@ -531,6 +533,59 @@ json CudaBackend::probe(std::string* err) {
   double launch_us = timed([&] { drv_.LaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr); }, reps);
   out.push_back({{"name", "launch_cost"}, {"value", launch_us}, {"unit", "us"},
                  {"detail", "empty kernel, back-to-back launches on one stream"}});
+  // What launching a step costs the step as `step` times it (an event, one
+  // launch, an event, then a wait: nothing before or after to overlap with),
+  // built up from an empty kernel to the megakernel's launch: its parameters
+  // (KimiDeviceArgs by value), a block an SM of 384 threads with the
+  // defaults' 182 KB of dynamic shared memory, and a cooperative launch.
+  CUfunction step_launch = nullptr;
+  if (drv_.ModuleGetFunction(&step_launch, mod, "ktune_probe_step_launch") == CUDA_SUCCESS) {
+    constexpr int kStepThreads = 384, kStepSmem = 186368;
+    auto alone = [&](auto launch) {  // the median of single launches, each waited for
+      std::vector<double> us;
+      for (int i = 0; i < 101; ++i) {
+        cudaEventRecord(ev0_);
+        launch();
+        cudaEventRecord(ev1_);
+        cudaEventSynchronize(ev1_);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, ev0_, ev1_);
+        if (i > 0) us.push_back(double(ms) * 1000.0);
+      }
+      std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+      return us[us.size() / 2];
+    };
+    KimiDeviceArgs args{};
+    KtLaunchArgs largs{};
+    void* sp[] = {&args, &largs, &b};
+    const bool smem_ok = drv_.FuncSetAttribute(step_launch, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                               kStepSmem) == CUDA_SUCCESS;
+    struct Case {
+      const char* name;
+      const char* detail;
+      bool smem;  // needs the dynamic shared memory attribute
+      std::function<CUresult()> launch;
+    };
+    const std::vector<Case> cases = {
+        {"step_launch_empty", "an empty kernel, 1 block of 32 threads, timed alone (events around it, then a wait)", false,
+         [&] { return drv_.LaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr); }},
+        {"step_launch_args", "the step's parameters, a block of 384 threads an SM, timed alone", false,
+         [&] { return drv_.LaunchKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, 0, nullptr, sp, nullptr); }},
+        {"step_launch_args_smem", "the same with 182 KB of dynamic shared memory a block", true,
+         [&] { return drv_.LaunchKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, kStepSmem, nullptr, sp, nullptr); }},
+        {"step_launch_args_smem_coop", "the same as a cooperative launch (the megakernel's step)", true, [&] {
+           return drv_.LaunchCooperativeKernel(step_launch, sms_, 1, 1, kStepThreads, 1, 1, kStepSmem, nullptr, sp);
+         }}};
+    for (const Case& c : cases) {
+      if (c.smem && !smem_ok) continue;
+      CUresult first = c.launch();
+      if (first != CUDA_SUCCESS || cudaDeviceSynchronize() != cudaSuccess) {
+        out.push_back({{"name", c.name}, {"value", 0}, {"unit", ""}, {"detail", "launch failed: " + drv_.message(first)}});
+        continue;
+      }
+      out.push_back({{"name", c.name}, {"value", alone([&] { c.launch(); })}, {"unit", "us"}, {"detail", c.detail}});
+    }
+  }
   int per_sm = 0;
   drv_.Occupancy(&per_sm, barrier, 256, 0);
   cudaMemset(b, 0, 64);  // the barrier's counter and generation start at zero

@@ -1,11 +1,22 @@
 // Probe kernels the runner loads (built beside it as ktune_probes.cubin):
-// an empty kernel (launch cost), a cooperative kernel crossing N grid
-// barriers (barrier cost, with the same barrier the megakernel uses), and a
-// streaming read of 16-byte loads (the rate weight streaming can reach).
+// an empty kernel (launch cost), one with the megakernel's parameters and
+// nothing to do (what a step's launch itself costs), a cooperative kernel
+// crossing N grid barriers (barrier cost, with the same barrier the
+// megakernel uses), and a streaming read of 16-byte loads (the rate weight
+// streaming can reach).
 #include <stdint.h>
+#include "kernels/kimi/cuda/abi.h"
 #include "kernels/kimi/cuda/common.cuh"
 
 extern "C" __global__ void ktune_probe_empty() {}
+
+// The step kernels' parameters (KimiDeviceArgs by value, then the launch
+// table's arguments), one word of them read: launched with the step's grid,
+// block and shared memory, it costs what a step's launch costs and no more.
+extern "C" __global__ void ktune_probe_step_launch(const __grid_constant__ KimiDeviceArgs a, const KtLaunchArgs,
+                                                   unsigned* sink) {
+  if (a.context == -12345 && threadIdx.x == 0) sink[0] = 1u;  // never: keeps the parameter
+}
 
 extern "C" __global__ void ktune_probe_barrier(KtGridBarrier* bar, int iterations) {
   for (int i = 0; i < iterations; ++i) kt_grid_sync<0>(bar);
