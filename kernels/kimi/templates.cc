@@ -100,10 +100,11 @@ KnobSpace cuda_mega_space() {
        "mma attention: an item's ring of cached-row tiles issued at once, or its first tile alone and the "
        "others once it has landed (every block starts together, and the first tiles land sooner without the "
        "rest of the ring in front of them); with attn_early 1 only the first tile is issued in the q_abs phase"},
-      {"attn_feed", "KT_ATTN_FEED", {"threads", "spare"}, "threads",
+      {"attn_feed", "KT_ATTN_FEED", {"threads", "spare"}, "spare",
        "mma attention: the cached-row tiles issued by the block's threads (cp.async), or by the loader "
        "warpgroup's two spare warps (cp.async, from the q_abs phase on, into slots the block hands back), so "
-       "that the block's threads never stall issuing them"},
+       "that the block's threads never stall issuing them (with feed loader, attn_early 0 and predict off; "
+       "elsewhere the block's threads issue them)"},
       {"gemv_code", "KT_GEMV_CODE", {"inline", "shared", "lean"}, "shared",
        "register path: each GEMV phase inlines its own copy of the weight loop, or all call one out-of-line "
        "copy (less code to fetch when a phase starts; a call and the sums through shared memory per segment), "
@@ -199,6 +200,12 @@ KnobSpace cuda_mega_space() {
   for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled", "attn_parts", "attn_feed",
                         "attn_first"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
+  // attn_feed spare needs the loader warpgroup's spare warps (under predict they are the predictor's) and
+  // every tile theirs to issue (attn_early issues the first ones); elsewhere the block's threads issue them.
+  when("attn_feed", [](const json& p) {
+    return p["attn"].get<std::string>() == "mma" && p["feed"].get<std::string>() == "loader" &&
+           p["attn_early"].get<int>() == 0 && p["predict"].get<std::string>() == "off";
+  });
   s.constraint = [](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
     // memory together (the runner's occupancy check refused 2 x 384 and 2 x
@@ -235,14 +242,6 @@ KnobSpace cuda_mega_space() {
     // attn_chains 2 puts the queries' lo part in a chain of its own; with one part there is none.
     if (p["attn"].get<std::string>() == "mma" && p["attn_parts"].get<int>() == 1 && p["attn_chains"].get<int>() == 2) {
       *why = "attn_chains 2 needs attn_parts 2 (a chain for the queries' lo part)";
-      return false;
-    }
-    // attn_feed spare: the loader warpgroup's spare warps issue every tile (attn_early would issue the
-    // first ones too); under predict they are the predictor's.
-    if (p["attn"].get<std::string>() == "mma" && p["attn_feed"].get<std::string>() == "spare" &&
-        (p["feed"].get<std::string>() != "loader" || p["attn_early"].get<int>() != 0 ||
-         p["predict"].get<std::string>() != "off")) {
-      *why = "attn_feed spare needs feed loader, attn_early 0 and predict off";
       return false;
     }
     // The bulk feed streams the staged path's stages into mma fragments.

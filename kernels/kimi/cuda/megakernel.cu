@@ -72,7 +72,8 @@
 // block's first tiles issued in the q_abs phase, attn_issue_first),
 // KT_ATTN_FEED (mma attention: 0, the block's threads issue its row tiles
 // by cp.async; 1, the loader warpgroup's spare warps issue them, from q_abs
-// on, attention_spare_main),
+// on, attention_spare_main, where there is a loader warpgroup, attn_early
+// is 0 and predict off),
 // KT_ATTN_FIRST (mma attention, 1: an item's first row tile issued alone,
 // the rest of its ring once that one has landed; with KT_ATTN_EARLY, only
 // the first tile goes out in the q_abs phase),
@@ -230,10 +231,11 @@ static_assert(KT_FLOW >= 0 && KT_FLOW <= 2, "flow");
 #define KT_FLOW_HX (KT_FLOW == 1)
 static_assert(KT_ATTN_EARLY == 0 || KT_ATTN_EARLY == 1, "attn_early");
 // KT_ATTN_FEED and KT_ATTN_PARTS act on the mma attention only (the fma one ignores them).
-#define KT_ATTN_SPARE (KT_ATTN == 1 && KT_ATTN_FEED == 1)
-static_assert(!KT_ATTN_SPARE || (KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDICTED),
-              "attn_feed spare: the loader warpgroup (its spare warps, the predictor's under predict), no tiles "
-              "issued by attn_early");
+// KT_ATTN_FEED 1 needs the loader warpgroup's spare warps (the predictor's
+// under predict) and every tile theirs to issue (attn_early issues the first
+// ones in q_abs); elsewhere the block's threads issue the tiles, as with 0.
+#define KT_ATTN_SPARE (KT_ATTN == 1 && KT_ATTN_FEED == 1 && KT_FEED == 4 && KT_ATTN_EARLY == 0 && !KT_PREDICTED)
+static_assert(KT_ATTN_FEED == 0 || KT_ATTN_FEED == 1, "attn_feed");
 static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_HOLD >= 0, "hold");
