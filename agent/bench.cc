@@ -341,13 +341,18 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
 // machine (seen at 2-5 us between device calls) falls on all of them alike.
 // Each context's median_us becomes the median of the rounds' medians;
 // rounds_us keeps them in order.
+// Besides each step timed alone (the score's samples), every variant is
+// timed back to back, in batches of this many steps, as a decode loop runs
+// them: there the launch overlaps the step before it (RESULTS, run 267).
+constexpr int kBackToBackSteps = 32;
+
 void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpec& spec, int rounds,
                     std::vector<Row>* rows) {
   for (int round = 0; round < rounds; ++round)
     for (Row& r : *rows) {
       if (!r.ok) continue;
       Measurement t;
-      if (!ev.load(r.artifact, &t) || !ev.time(cfg.timed_contexts, spec.warmup, spec.samples, &t)) {
+      if (!ev.load(r.artifact, &t) || !ev.time(cfg.timed_contexts, spec.warmup, spec.samples, &t, kBackToBackSteps)) {
         r.ok = false;
         r.m.outcome = t.outcome;
         r.m.error = "round " + std::to_string(round + 1) + ": " + t.error;
@@ -359,12 +364,36 @@ void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpe
         const json* now = timing_at(t, row.value("context", -1));
         if (!row.contains("rounds_us")) row["rounds_us"] = json::array();
         row["rounds_us"].push_back(now ? now->value("median_us", 0.0) : 0.0);
+        if (!row.contains("back_to_back_rounds_us")) row["back_to_back_rounds_us"] = json::array();
+        row["back_to_back_rounds_us"].push_back(now ? now->value("back_to_back_median_us", 0.0) : 0.0);
       }
     }
+  auto median_of = [](const json& v) { return measure::summarize(v.get<std::vector<double>>()).median; };
   for (Row& r : *rows)
-    for (json& row : r.m.timings)
-      if (row.contains("rounds_us"))
-        row["median_us"] = measure::summarize(row["rounds_us"].get<std::vector<double>>()).median;
+    for (json& row : r.m.timings) {
+      if (row.contains("rounds_us")) row["median_us"] = median_of(row["rounds_us"]);
+      if (row.contains("back_to_back_rounds_us")) row["back_to_back_median_us"] = median_of(row["back_to_back_rounds_us"]);
+    }
+}
+
+// Every variant's steps timed back to back beside the same steps timed
+// alone (the tables above), and what the launch's overlap saves.
+void print_back_to_back(const std::vector<Row>& rows, const kimi::KimiConfig& cfg, int rounds) {
+  std::printf("\nback to back (us per step: batches of %d steps launched one after another, as a decode loop runs "
+              "them; the median of %d batches%s), and alone - back to back:\n%-14s",
+              kBackToBackSteps, Evaluator::kBackToBackBatches, rounds > 1 ? ", then of the rounds" : "", "variant");
+  for (auto [ctx, steps] : cfg.timed_contexts) std::printf(" %10d %7s", ctx, "saved");
+  std::printf("\n");
+  for (const Row& r : rows) {
+    if (!r.ok) continue;
+    std::printf("%-14s", r.name.c_str());
+    for (auto [ctx, steps] : cfg.timed_contexts) {
+      const json* t = timing_at(r.m, ctx);
+      const double b2b = t ? t->value("back_to_back_median_us", 0.0) : 0.0, alone = t ? t->value("median_us", 0.0) : 0.0;
+      std::printf(" %10.1f %7.1f", b2b, alone - b2b);
+    }
+    std::printf("\n");
+  }
 }
 
 void print_rounds(const std::vector<Row>& rows, const kimi::KimiConfig& cfg) {
@@ -482,7 +511,7 @@ int run_bench(const BenchOptions& o) {
     }
     r.artifact = br.artifact;
     r.ok = ev.load(br.artifact, &r.m) && ev.validate(cases, r.v.max_launches, &r.m) &&
-           (o.rounds > 1 || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m));
+           (o.rounds > 1 || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m, kBackToBackSteps));
     std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, ", r.m.outcome.c_str(),
                 r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches, r.m.declared_launches, r.m.validate_s);
     if (o.rounds > 1)
@@ -524,6 +553,8 @@ int run_bench(const BenchOptions& o) {
                                {"fraction_of_floor", mu > 0 ? floor / mu : 0.0},
                                {"baseline_p10_p90", bt ? json{bt->value("p10_us", 0.0), bt->value("p90_us", 0.0)} : json()},
                                {"megakernel_p10_p90", mt ? json{mt->value("p10_us", 0.0), mt->value("p90_us", 0.0)} : json()},
+                               {"baseline_back_to_back_us", bt ? bt->value("back_to_back_median_us", 0.0) : 0.0},
+                               {"megakernel_back_to_back_us", mt ? mt->value("back_to_back_median_us", 0.0) : 0.0},
                                {"launches_baseline", base ? base->m.launches : -1},
                                {"launches_megakernel", m.m.launches}});
   }
@@ -550,6 +581,7 @@ int run_bench(const BenchOptions& o) {
     }
   }
   if (o.rounds > 1) print_rounds(rows, b.cfg);
+  print_back_to_back(rows, b.cfg, o.rounds);
   // Where a step's time goes: each megakernel variant rebuilt with profile
   // stamps, stepped at each context; a phase's time runs from its start to
   // the next phase's start (its barrier wait included).

@@ -96,13 +96,19 @@ bool Evaluator::validate(const std::vector<std::pair<int, int>>& cases, int max_
   return m->outcome == "ok";
 }
 
-bool Evaluator::time(const std::vector<std::pair<int, int>>& contexts, int warmup, int samples, Measurement* m) {
+bool Evaluator::time(const std::vector<std::pair<int, int>>& contexts, int warmup, int samples, Measurement* m,
+                     int back_to_back) {
   double t0 = mono_seconds();
   json jc = json::array();
   for (auto [ctx, steps] : contexts) jc.push_back({ctx, steps});
-  double timeout = step_timeout_s_ * double(contexts.size()) * std::max(1.0, double(warmup + samples) / 10.0);
-  measure::RunnerReply r =
-      runner_.call({{"op", "time"}, {"contexts", jc}, {"warmup", warmup}, {"samples", samples}}, timeout);
+  const int steps_a_context = warmup + samples + kBackToBackBatches * std::max(0, back_to_back);
+  double timeout = step_timeout_s_ * double(contexts.size()) * std::max(1.0, double(steps_a_context) / 10.0);
+  json req = {{"op", "time"}, {"contexts", jc}, {"warmup", warmup}, {"samples", samples}};
+  if (back_to_back > 0) {
+    req["back_to_back"] = back_to_back;
+    req["batches"] = kBackToBackBatches;
+  }
+  measure::RunnerReply r = runner_.call(req, timeout);
   m->time_s = mono_seconds() - t0;
   if (failed(r, m)) return false;
   std::vector<measure::SampleStats> per_context;
@@ -114,6 +120,11 @@ bool Evaluator::time(const std::vector<std::pair<int, int>>& contexts, int warmu
     row["steps"] = t.value("steps", 0);
     row["warmup"] = t.value("warmup", 0);
     row["samples_us"] = t.value("samples_us", json::array());
+    if (t.contains("back_to_back_us")) {
+      row["back_to_back_steps"] = t.value("back_to_back_steps", 0);
+      row["back_to_back_us"] = t["back_to_back_us"];
+      row["back_to_back_median_us"] = measure::summarize(t["back_to_back_us"].get<std::vector<double>>()).median;
+    }
     m->timings.push_back(row);
   }
   m->score = measure::combine(per_context);

@@ -38,7 +38,8 @@ struct Measurement {
   int launches = -1;           // counted per step (CUPTI on the GPU, the runtime on the host)
   int declared_launches = -1;
   std::vector<measure::CaseCheck> cases;
-  json timings = json::array();  // per context: {context, steps, warmup, samples_us, median_us, p10_us, ...}
+  json timings = json::array();  // per context: {context, steps, warmup, samples_us, median_us, p10_us, ...,
+                                 // back_to_back_us and its median when asked for}
   measure::Score score;
 };
 
@@ -52,8 +53,13 @@ class Evaluator {
   bool load(const std::string& artifact, Measurement* m);
   // cases: (seed, context) pairs; max_launches 0 = any.
   bool validate(const std::vector<std::pair<int, int>>& cases, int max_launches, Measurement* m);
-  // contexts: (context, steps) pairs.
-  bool time(const std::vector<std::pair<int, int>>& contexts, int warmup, int samples, Measurement* m);
+  // contexts: (context, steps) pairs. Each step is timed alone (the
+  // score's samples); with back_to_back n > 0, also kBackToBackBatches
+  // batches of n steps launched back to back (a timing's back_to_back_us,
+  // per step).
+  static constexpr int kBackToBackBatches = 5;
+  bool time(const std::vector<std::pair<int, int>>& contexts, int warmup, int samples, Measurement* m,
+            int back_to_back = 0);
 
   const measure::Gate& gate() const { return gate_; }
   // Keep oracle answers after use (validating several variants on the same cases).

@@ -236,9 +236,9 @@ class CudaBackend : public RunnerBackend {
            check(cudaMemset(attn_out_, kPoisonByte, size_t(cfg_.layers()) * cfg_.attn_out_stride() * 2), "poison", err);
   }
 
-  StepStatus step(int context, bool count_launches) override {
-    StepStatus s;
-    if (!module_) return fail(s, "no variant loaded");
+  // The step's arguments at position `context`: the hidden ping-pongs
+  // between two buffers, each step's output the next one's input.
+  void set_step_args(int context) {
     args_.x_in = x_[current_];
     args_.x_out = x_[1 - current_];
     args_.context = context;
@@ -246,23 +246,65 @@ class CudaBackend : public RunnerBackend {
     args_.attn_out = attn_out_;
     args_.scratch = static_cast<uint8_t*>(scratch_);
     args_.trace = reinterpret_cast<float*>(trace_);
+  }
+
+  StepStatus step(int context, bool count_launches) override {
+    StepStatus s;
+    if (!module_) return fail(s, "no variant loaded");
+    set_step_args(context);
     if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
-    for (const Resolved& e : steps_) {
-      CUresult r = launch(e, &args_);
-      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
-    }
-    cudaEventRecord(ev1_);
-    cudaError_t e = cudaEventSynchronize(ev1_);
-    if (e != cudaSuccess) return fail(s, "the step failed on the GPU: " + rt_message(e), is_sticky(e));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, ev0_, ev1_);
-    s.us = double(ms) * 1000.0;
+    if (!launch_step(&s) || !finish_timing(&s, "the step")) return s;
     if (count_launches) s.launches = cupti_.end(int(steps_.size()));
     current_ = 1 - current_;
     last_context_ = context;
     return s;
+  }
+
+  // The launches of `count` steps go into the stream one after another
+  // (the driver copies each launch's parameters, so args_ can move on),
+  // between two events, with no wait in between.
+  StepStatus steps_back_to_back(int context, int cycle, int count) override {
+    StepStatus s;
+    if (!module_) return fail(s, "no variant loaded");
+    cudaEventRecord(ev0_);
+    for (int i = 0; i < count; ++i) {
+      const int at = context + i % cycle;
+      set_step_args(at);
+      if (!launch_step(&s)) return s;
+      current_ = 1 - current_;
+      last_context_ = at;
+    }
+    finish_timing(&s, "a step");
+    return s;
+  }
+
+  // Launches one step's kernels with args_; false, with *s failed, when a
+  // launch is refused.
+  bool launch_step(StepStatus* s) {
+    for (const Resolved& e : steps_) {
+      CUresult r = launch(e, &args_);
+      if (r == CUDA_SUCCESS) continue;
+      fail(*s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
+      return false;
+    }
+    return true;
+  }
+
+  // Records the second event, waits for it and sets s->us to the time
+  // since the first; false, with *s failed, when `what` failed on the GPU.
+  bool finish_timing(StepStatus* s, const char* what) {
+    cudaEventRecord(ev1_);
+    cudaError_t e = cudaEventSynchronize(ev1_);
+    if (e != cudaSuccess) {
+      fail(*s, std::string(what) + " failed on the GPU: " + rt_message(e), is_sticky(e));
+      return false;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev0_, ev1_);
+    s->us = double(ms) * 1000.0;
+    return true;
   }
 
   bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override {

@@ -30,6 +30,16 @@ std::unique_ptr<RunnerBackend> make_backend(const std::string& name, const kimi:
   return nullptr;
 }
 
+StepStatus RunnerBackend::steps_back_to_back(int context, int cycle, int count) {
+  StepStatus total;
+  for (int i = 0; i < count; ++i) {
+    StepStatus s = step(context + i % cycle, false);
+    if (!s.ok) return s;
+    total.us += s.us;
+  }
+  return total;
+}
+
 namespace {
 
 json failure(const std::string& outcome, const std::string& error) {
@@ -72,8 +82,12 @@ struct Runner {
             {"declared_launches", backend->declared_launches()}};
   }
 
+  // Per-step samples, each step timed alone; with "back_to_back" n > 0,
+  // also "batches" batches of n steps launched back to back, each batch's
+  // mean per step a sample (back_to_back_us).
   json time(const json& req, bool* fatal) {
     int warmup = req.value("warmup", 3), samples = req.value("samples", 50);
+    int batch = req.value("back_to_back", 0), batches = req.value("batches", 5);
     uint64_t seed = req.value("seed", 1234567);
     json timings = json::array();
     std::string err;
@@ -92,7 +106,21 @@ struct Runner {
         }
         if (i >= warmup) us.push_back(s.us);
       }
-      timings.push_back({{"context", context}, {"steps", steps}, {"warmup", warmup}, {"samples_us", us}});
+      json row = {{"context", context}, {"steps", steps}, {"warmup", warmup}, {"samples_us", us}};
+      if (batch > 0) {
+        json per_step = json::array();
+        for (int k = 0; k < batches; ++k) {
+          StepStatus s = backend->steps_back_to_back(context, steps, batch);
+          if (!s.ok) {
+            *fatal = s.fault;
+            return failure(s.fault ? "device_fault" : "launch_error", s.error);
+          }
+          per_step.push_back(s.us / batch);
+        }
+        row["back_to_back_steps"] = batch;
+        row["back_to_back_us"] = per_step;
+      }
+      timings.push_back(row);
     }
     return {{"ok", true}, {"timings", timings}};
   }

@@ -9,8 +9,11 @@
 //   {"op":"validate","cases":[{"seed":S,"context":L}],"out_dir":DIR}
 //        -> {"ok":true,"files":[...],"launches_per_step":N,"step_us":[...]}
 //           (each file: safetensors with hidden, L{i}.S/cq/ck/cv, L{i}.c_kv_row/k_rope_row, topk)
-//   {"op":"time","contexts":[[L,steps],...],"warmup":W,"samples":N,"seed":S}
-//        -> {"ok":true,"timings":[{"context":L,"steps":s,"warmup":W,"samples_us":[...]}]}
+//   {"op":"time","contexts":[[L,steps],...],"warmup":W,"samples":N,"seed":S[,"back_to_back":B,"batches":K]}
+//        -> {"ok":true,"timings":[{"context":L,"steps":s,"warmup":W,"samples_us":[...]
+//                                  [,"back_to_back_steps":B,"back_to_back_us":[...]]}]}
+//           (samples_us: each step timed alone; back_to_back_us: K batches of B steps
+//           launched one after another, each batch's time per step)
 //   {"op":"profile","contexts":[[L,steps],...],"warmup":W,"samples":N}
 //        -> {"ok":true,"profiles":[{"context":L,"runs":[{"us":T,"stamps":[[tag,ns],...],
 //                                                         "arrivals":[[first,median,last,block],...]}]}]}

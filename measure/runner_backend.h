@@ -47,6 +47,13 @@ class RunnerBackend {
   // One decode step at position `context`; its output becomes the next
   // step's input.
   virtual StepStatus step(int context, bool count_launches) = 0;
+  // `count` decode steps launched back to back, as a decode loop runs
+  // them (positions context + i % cycle, each step's output the next one's
+  // input), timed together: us is their total. step() times one step
+  // alone, so it includes the launch's whole cost; here each launch can
+  // overlap the step before it. The CPU backends' steps cannot overlap:
+  // there it is the sum of step()'s.
+  virtual StepStatus steps_back_to_back(int context, int cycle, int count);
   // Reads back the state (S, windows, cache rows), the hidden output and
   // the chosen experts.
   virtual bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) = 0;

@@ -1,6 +1,7 @@
 // `ktune bench` (agent/bench.h) through the real binary on the host
-// backend: validation's worst figures, timing, and --rounds, which times the
-// variants in turn and reports each one's median of its rounds' medians.
+// backend: validation's worst figures, timing (each step alone, and batches
+// of steps back to back), and --rounds, which times the variants in turn and
+// reports each one's median of its rounds' medians.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@ TEST_CASE("bench --rounds times every variant once a round, in turn, and reports
   REQUIRE_MESSAGE(r.ok(), r.describe() << ": " << r.err << r.out);
   CHECK(r.out.find("the median of 3 rounds' medians") != std::string::npos);
   CHECK(r.out.find("each round's median (us), in the order timed:") != std::string::npos);
+  CHECK(r.out.find("back to back (us per step: batches of 32 steps") != std::string::npos);
 
   std::string text;
   REQUIRE_MESSAGE(read_file(tmp.file("bench.json"), &text, &err), err);
@@ -49,6 +51,17 @@ TEST_CASE("bench --rounds times every variant once a round, in turn, and reports
       for (double us : rounds) CHECK(us > 0);
       std::sort(rounds.begin(), rounds.end());
       CHECK(t["median_us"].get<double>() == doctest::Approx(rounds[1]));
+      // Each round also timed 5 batches of 32 steps back to back; the
+      // figure is the median of the rounds' medians of the batches' means.
+      CHECK(t["back_to_back_steps"] == 32);
+      std::vector<double> batches = t["back_to_back_us"].get<std::vector<double>>();
+      REQUIRE(batches.size() == 5);
+      for (double us : batches) CHECK(us > 0);
+      std::vector<double> b2b_rounds = t["back_to_back_rounds_us"].get<std::vector<double>>();
+      REQUIRE(b2b_rounds.size() == 3);
+      std::sort(b2b_rounds.begin(), b2b_rounds.end());
+      CHECK(b2b_rounds[0] > 0);
+      CHECK(t["back_to_back_median_us"].get<double>() == doctest::Approx(b2b_rounds[1]));
     }
   }
 }
