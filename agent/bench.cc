@@ -336,16 +336,17 @@ void print_arrivals(const json& profiles, const kimi::KimiConfig& cfg) {
   }
 }
 
+// Besides each step timed alone (the score's samples), every variant is
+// timed back to back, in batches of this many steps, as a decode loop runs
+// them: there each launch overlaps the step before it (RESULTS, runs 267
+// and 275).
+constexpr int kBackToBackSteps = 32;
+
 // --rounds: after validation, every variant that passed is timed `rounds`
 // times, each round loading them in turn, so that a slow drift of the
 // machine (seen at 2-5 us between device calls) falls on all of them alike.
 // Each context's median_us becomes the median of the rounds' medians;
-// rounds_us keeps them in order.
-// Besides each step timed alone (the score's samples), every variant is
-// timed back to back, in batches of this many steps, as a decode loop runs
-// them: there the launch overlaps the step before it (RESULTS, run 267).
-constexpr int kBackToBackSteps = 32;
-
+// rounds_us keeps them in order; likewise back_to_back_rounds_us.
 void time_in_rounds(Evaluator& ev, const kimi::KimiConfig& cfg, const BackendSpec& spec, int rounds,
                     std::vector<Row>* rows) {
   for (int round = 0; round < rounds; ++round)
