@@ -255,7 +255,16 @@ class CudaBackend : public RunnerBackend {
     if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
-    if (!launch_step(&s) || !finish_timing(&s, "the step")) return s;
+    for (const Resolved& e : steps_) {
+      CUresult r = launch(e, &args_);
+      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
+    }
+    cudaEventRecord(ev1_);
+    cudaError_t e = cudaEventSynchronize(ev1_);
+    if (e != cudaSuccess) return fail(s, "the step failed on the GPU: " + rt_message(e), is_sticky(e));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev0_, ev1_);
+    s.us = double(ms) * 1000.0;
     if (count_launches) s.launches = cupti_.end(int(steps_.size()));
     current_ = 1 - current_;
     last_context_ = context;
@@ -272,39 +281,21 @@ class CudaBackend : public RunnerBackend {
     for (int i = 0; i < count; ++i) {
       const int at = context + i % cycle;
       set_step_args(at);
-      if (!launch_step(&s)) return s;
+      for (const Resolved& e : steps_) {
+        CUresult r = launch(e, &args_);
+        if (r != CUDA_SUCCESS)
+          return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
+      }
       current_ = 1 - current_;
       last_context_ = at;
     }
-    finish_timing(&s, "a step");
-    return s;
-  }
-
-  // Launches one step's kernels with args_; false, with *s failed, when a
-  // launch is refused.
-  bool launch_step(StepStatus* s) {
-    for (const Resolved& e : steps_) {
-      CUresult r = launch(e, &args_);
-      if (r == CUDA_SUCCESS) continue;
-      fail(*s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
-      return false;
-    }
-    return true;
-  }
-
-  // Records the second event, waits for it and sets s->us to the time
-  // since the first; false, with *s failed, when `what` failed on the GPU.
-  bool finish_timing(StepStatus* s, const char* what) {
     cudaEventRecord(ev1_);
     cudaError_t e = cudaEventSynchronize(ev1_);
-    if (e != cudaSuccess) {
-      fail(*s, std::string(what) + " failed on the GPU: " + rt_message(e), is_sticky(e));
-      return false;
-    }
+    if (e != cudaSuccess) return fail(s, "a step failed on the GPU: " + rt_message(e), is_sticky(e));
     float ms = 0;
     cudaEventElapsedTime(&ms, ev0_, ev1_);
-    s->us = double(ms) * 1000.0;
-    return true;
+    s.us = double(ms) * 1000.0;
+    return s;
   }
 
   bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override {
