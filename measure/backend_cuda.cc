@@ -255,16 +255,7 @@ class CudaBackend : public RunnerBackend {
     if (trace_ && cudaMemset(trace_, 0, trace_words_ * 8) != cudaSuccess) return fail(s, "cannot clear the trace");
     if (count_launches) cupti_.begin();
     cudaEventRecord(ev0_);
-    for (const Resolved& e : steps_) {
-      CUresult r = launch(e, &args_);
-      if (r != CUDA_SUCCESS) return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
-    }
-    cudaEventRecord(ev1_);
-    cudaError_t e = cudaEventSynchronize(ev1_);
-    if (e != cudaSuccess) return fail(s, "the step failed on the GPU: " + rt_message(e), is_sticky(e));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, ev0_, ev1_);
-    s.us = double(ms) * 1000.0;
+    if (!launch_step(&s) || !finish_timing(&s, "the step failed on the GPU: ")) return s;
     if (count_launches) s.launches = cupti_.end(int(steps_.size()));
     current_ = 1 - current_;
     last_context_ = context;
@@ -281,21 +272,40 @@ class CudaBackend : public RunnerBackend {
     for (int i = 0; i < count; ++i) {
       const int at = context + i % cycle;
       set_step_args(at);
-      for (const Resolved& e : steps_) {
-        CUresult r = launch(e, &args_);
-        if (r != CUDA_SUCCESS)
-          return fail(s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
-      }
+      if (!launch_step(&s)) return s;
       current_ = 1 - current_;
       last_context_ = at;
     }
+    finish_timing(&s, "a step failed on the GPU: ");
+    return s;
+  }
+
+  // Puts one step's launches (args_ as set) into the stream; false, with s
+  // failed, if one is refused.
+  bool launch_step(StepStatus* s) {
+    for (const Resolved& e : steps_) {
+      CUresult r = launch(e, &args_);
+      if (r != CUDA_SUCCESS) {
+        fail(*s, "launch of ktune_k" + std::to_string(e.l.kernel) + ": " + drv_.message(r), is_sticky(r));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Records the end event, waits for it and sets s->us from the start event
+  // (ev0_); false, with s failed (`what` and the error), if the GPU failed.
+  bool finish_timing(StepStatus* s, const std::string& what) {
     cudaEventRecord(ev1_);
     cudaError_t e = cudaEventSynchronize(ev1_);
-    if (e != cudaSuccess) return fail(s, "a step failed on the GPU: " + rt_message(e), is_sticky(e));
+    if (e != cudaSuccess) {
+      fail(*s, what + rt_message(e), is_sticky(e));
+      return false;
+    }
     float ms = 0;
     cudaEventElapsedTime(&ms, ev0_, ev1_);
-    s.us = double(ms) * 1000.0;
-    return s;
+    s->us = double(ms) * 1000.0;
+    return true;
   }
 
   bool get_state(kimi::KimiState* st, kimi::StepOutput* out, std::string* err) override {
