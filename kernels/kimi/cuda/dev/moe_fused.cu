@@ -469,6 +469,9 @@ int main(int argc, char** argv) {
     std::vector<double> late_sum[2];                        // per block: gate/up done - the launch's median, summed over even / odd launches
     for (auto& v : late_sum) v.assign(GU_TILES, 0.0);
     std::vector<unsigned> sm_of(sms);
+    std::vector<double> late_by_sm(1024, 0.0);  // the same lateness, summed by the SM the block ran on
+    std::vector<double> start_by_sm(1024, 0.0);  // the block's start after the launch's first, likewise
+    std::vector<int> count_by_sm(1024, 0);
     double worst = 0;
     for (int l = 0; l < launches; ++l) {
       CHECK(cudaMemset(flush, l, flush_bytes));
@@ -510,6 +513,12 @@ int main(int argc, char** argv) {
         std::sort(sorted.begin(), sorted.end());
         ranges.push_back(sorted.back() - sorted.front());
         for (int b = 0; b < GU_TILES; ++b) late_sum[l % 2][b] += at[b] - sorted[sorted.size() / 2];
+        CHECK(cudaMemcpy(sm_of.data(), a.sm_of, size_t(sms) * 4, cudaMemcpyDeviceToHost));
+        for (int b = 0; b < GU_TILES; ++b) {
+          late_by_sm[sm_of[b] % 1024] += at[b] - sorted[sorted.size() / 2];
+          start_by_sm[sm_of[b] % 1024] += double(t[5 * b] - t0) / 1e3;
+          ++count_by_sm[sm_of[b] % 1024];
+        }
       }
       spans.push_back(double(t1 - t0) / 1e3);
       gus.push_back(median_at(1));
@@ -550,6 +559,18 @@ int main(int argc, char** argv) {
                 "    over the launches: %.2f .. %.2f us; even vs odd launches correlate %.2f; latest blocks (SM, us):",
                 ranges[ranges.size() / 2], late[order.back()], late[order.front()], c01 / std::sqrt(c00 * c11 + 1e-30));
     for (int i = 0; i < 6; ++i) std::printf(" %d (%u, %+.2f)", order[i], sm_of[order[i]], late[order[i]]);
+    // By SM: the block's mean lateness, and how much of it its start after
+    // the launch's first block explains (the launch's dispatch, which a
+    // megakernel pays once a step, not at every barrier).
+    for (int what = 0; what < 2; ++what) {
+      std::printf(what == 0 ? "\n    by SM, mean lateness (us; - where no gate/up block ran):"
+                            : "\n    by SM, mean start after the launch's first block (us):");
+      for (int sm = 0; sm < sms; ++sm) {
+        if (sm % 16 == 0) std::printf("\n    %3d:", sm);
+        if (count_by_sm[sm]) std::printf(" %+5.2f", (what == 0 ? late_by_sm[sm] : start_by_sm[sm]) / count_by_sm[sm]);
+        else std::printf("     -");
+      }
+    }
     std::printf("\n");
   }
   std::printf("(us from the launch's first block start, medians over the launches of the median gate/up block's:\n"
