@@ -43,7 +43,7 @@
 // blocks are the same from launch to launch, with their SMs: a systematic
 // part would be work the megakernel could take from those SMs.
 //
-// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 276-279; us,
+// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 277-281; us,
 // medians of 40-60 launches): v1 17.1, v2 17.5-17.6, v3 16.8-16.9, v4
 // 15.7-15.8. Fusing by pairs saves ~0.3 us a layer: the median block
 // waits 2.0 us from its own gate/up tile to its partner's sums, as long as
@@ -57,7 +57,10 @@
 // the even and the odd launches' means correlate 0.77-0.86: that much of
 // the spread (~0.7 of 1.5-1.8 us) belongs to the block, launch after launch
 // (the latest ones sit in pairs of neighbouring SMs, e.g. 22-25, 66-71,
-// 106-113), the rest to the launch.
+// 106-113), the rest to the launch. By SM (runs 280-281): blocks start
+// within 0.14 us of each other, so it is not the dispatch; an SM's
+// lateness (-0.4 .. +0.4 us) is the same in v1 and v4 within a process,
+// but not from one machine to the next.
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/moe_fused, or
