@@ -43,7 +43,7 @@
 // blocks are the same from launch to launch, with their SMs: a systematic
 // part would be work the megakernel could take from those SMs.
 //
-// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 277-281; us,
+// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 277-282; us,
 // medians of 40-60 launches): v1 17.1, v2 17.5-17.6, v3 16.8-16.9, v4
 // 15.7-15.8. Fusing by pairs saves ~0.3 us a layer: the median block
 // waits 2.0 us from its own gate/up tile to its partner's sums, as long as
@@ -60,13 +60,18 @@
 // 106-113), the rest to the launch. By SM (runs 280-281): blocks start
 // within 0.14 us of each other, so it is not the dispatch; an SM's
 // lateness (-0.4 .. +0.4 us) is the same in v1 and v4 within a process,
-// but not from one machine to the next.
+// but not from one machine to the next. With the stages in L2 (run 282,
+// `warm`): v1 13.3, v4 12.6 us, and the gate/up blocks finish 0.5-0.8 us
+// apart, against 1.7-1.8 from DRAM; the SMs' lateness repeats every 16 SM
+// numbers (where the SM sits).
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/moe_fused, or
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
 //     $(scripts/megakernel_defines.sh) -o /tmp/moe_fused kernels/kimi/cuda/dev/moe_fused.cu
-// Run on the device machine: moe_fused [launches] [version name prefixes...]
+// Run on the device machine: moe_fused [launches] [warm] [version name prefixes...]
+// ("warm": L2 not flushed, so the stages, 30 MB, come from L2 after the
+// first launch: the spread of the blocks' finishing without DRAM's order)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -385,6 +390,8 @@ int main(int argc, char** argv) {
   using namespace study;
   using namespace ktune;
   const int launches = argc > 1 ? std::max(2, std::atoi(argv[1])) : 20;
+  const bool warm = argc > 2 && std::strcmp(argv[2], "warm") == 0;
+  const int first_name = warm ? 3 : 2;
   std::mt19937 rng(20261203);
   const Stack gate(EXPERTS, D, I, rng), up(EXPERTS, D, I, rng), down(EXPERTS, I, D, rng);
   std::vector<uint16_t> x(D);
@@ -457,14 +464,15 @@ int main(int argc, char** argv) {
                         {"v4 fused, no swap", moe_kernel<kFusedNoSwap>, false}};
   const size_t smem = sizeof(Smem);
   std::printf("moe_fused: %d experts' gate/up and down (%.1f MB of stages), %d blocks of %d threads, ring %d stages, "
-              "%d launches each\n",
-              EXPERTS, double(GU_TILES * DG + DT * KG) * sizeof(Stage) / 1e6, sms, KT_BLOCK_THREADS, STAGES, launches);
+              "%d launches each%s\n",
+              EXPERTS, double(GU_TILES * DG + DT * KG) * sizeof(Stage) / 1e6, sms, KT_BLOCK_THREADS, STAGES, launches,
+              warm ? ", L2 not flushed (warm)" : "");
   std::printf("%-26s %9s %9s %9s %9s %9s %9s %9s\n", "version", "min us", "median", "max", "gate/up", "middle", "done",
               "check");
   int failed = 0;
   for (const Case& cs : cases) {
-    bool wanted = argc <= 2;
-    for (int i = 2; i < argc; ++i) wanted = wanted || std::strncmp(cs.name, argv[i], std::strlen(argv[i])) == 0;
+    bool wanted = argc <= first_name;
+    for (int i = first_name; i < argc; ++i) wanted = wanted || std::strncmp(cs.name, argv[i], std::strlen(argv[i])) == 0;
     if (!wanted) continue;
     CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     std::vector<double> spans, gus, middles, dones;
@@ -477,7 +485,7 @@ int main(int argc, char** argv) {
     std::vector<int> count_by_sm(1024, 0);
     double worst = 0;
     for (int l = 0; l < launches; ++l) {
-      CHECK(cudaMemset(flush, l, flush_bytes));
+      if (!warm) CHECK(cudaMemset(flush, l, flush_bytes));
       CHECK(cudaMemset(a.gu, 0, size_t(EXPERTS) * 2 * I * 4));
       CHECK(cudaMemset(a.swap, 0xff, size_t(GU_TILES) * TILE * 4));  // poisoned: NaN until written
       CHECK(cudaMemset(a.flags, 0, size_t(GU_TILES) * 4));
