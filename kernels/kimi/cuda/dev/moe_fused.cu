@@ -43,7 +43,7 @@
 // blocks are the same from launch to launch, with their SMs: a systematic
 // part would be work the megakernel could take from those SMs.
 //
-// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 277-282; us,
+// What it showed on the H200 (RESULTS.md, 2026-12-03, runs 277-283; us,
 // medians of 40-60 launches): v1 17.1, v2 17.5-17.6, v3 16.8-16.9, v4
 // 15.7-15.8. Fusing by pairs saves ~0.3 us a layer: the median block
 // waits 2.0 us from its own gate/up tile to its partner's sums, as long as
@@ -60,10 +60,11 @@
 // 106-113), the rest to the launch. By SM (runs 280-281): blocks start
 // within 0.14 us of each other, so it is not the dispatch; an SM's
 // lateness (-0.4 .. +0.4 us) is the same in v1 and v4 within a process,
-// but not from one machine to the next. With the stages in L2 (run 282,
-// `warm`): v1 13.3, v4 12.6 us, and the gate/up blocks finish 0.5-0.8 us
-// apart, against 1.7-1.8 from DRAM; the SMs' lateness repeats every 16 SM
-// numbers (where the SM sits).
+// but not from one machine to the next. With the stages in L2 (runs
+// 282-283, `warm`): v1 13.2-13.3, v3 13.3, v4 12.5-12.6 us; the gate/up
+// blocks finish 0.5-0.9 us apart, against 1.7-1.8 from DRAM, yet the swap
+// still costs what the barrier does (1.34 against 1.28 us); the SMs'
+// lateness repeats every 16 SM numbers (where the SM sits).
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/moe_fused, or
