@@ -20,6 +20,16 @@
 //               megakernel's next staging, stage_carried, reads a whole
 //               vector); v4 the same with the sums written by plain stores
 //               (one split a tile), to tell the atomics' cost from the reads'
+//   v5 wide     every block adds a whole hidden-sized vector (18 tiles of
+//               128 sums, 16-byte vector reductions, a warp a tile at a
+//               time), a grid barrier, then every block reads the vector:
+//               o_proj's k-split if each of the KDA phase's 128 items
+//               (head, 32 value columns) multiplied its own 32 values of o
+//               by their 32 rows of o_proj, so that no barrier stood
+//               between the KDA update and o_proj (S 128 a column instead
+//               of 7); with C copies of the vector, block b adds into copy
+//               b % C and every block reads all C (fewer reductions wait on
+//               each 32-byte sector, more to read)
 //   ref         the grid barrier alone (v1 includes one)
 //
 // Each round starts at a grid barrier (a counter, as the megakernel's
@@ -38,6 +48,9 @@
 // all 132 SMs, of 4 or 8 only 120; reading atomically added sums costs
 // 0.1 us more than plainly stored ones; under load every variant, the
 // barrier alone included, takes ~1.7 us longer (the barrier 2.7 us).
+// Runs 285-286 (2026-12-03): v5 wide 3.46-3.78 us against v3's 1.41-1.54
+// (2 copies 3.14, 4 3.49, 8 4.96; under load 4.45-4.80 against 3.10-3.17):
+// a 128-way k-split by reductions costs ~2 us more than a 7-way one.
 //
 // Build and run (sm_90a; on the device machine): CMake builds it as
 // build/handoff_probe where it finds the CUDA toolkit, or by hand
@@ -61,7 +74,8 @@ constexpr int HANDOFF_THREADS = 128;                      // warps 0-3; 4-7 make
 constexpr size_t kBgBytes = 64 * 1024, kBgBuffer = size_t(1) << 30;
 constexpr int kSmemBytes = 200 * 1024;  // one block an SM, as the megakernel
 
-enum Mode { kGlobal = 0, kAtomic = 1, kCluster = 2, kBarrier = 3, kAtomicAll = 4, kStoreAll = 5 };
+enum Mode { kGlobal = 0, kAtomic = 1, kCluster = 2, kBarrier = 3, kAtomicAll = 4, kStoreAll = 5, kWide = 6 };
+constexpr int kWideTiles = 18;  // v5: 2304 columns
 
 struct Args {
   float* partials;              // [tiles][S][TILE]
@@ -72,6 +86,7 @@ struct Args {
   int* wrong;                   // totals that differ from the expected
   const uint4* bg;              // the background load's buffer (kBgBuffer bytes), or nullptr
   int S, tiles;
+  int copies;  // v5: copies of the summed vector
 };
 
 // A barrier of the hand-off's warps only (named barrier 1), or of the block.
@@ -121,7 +136,9 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
   extern __shared__ float dsm[];  // v2: the first block's [S][TILE] partials
   __shared__ int last;
   const int tid = threadIdx.x, S = a.S;
-  const int tile = int(blockIdx.x) / S, split = int(blockIdx.x) % S;
+  // v5: every block adds into every tile; block t < tiles zeroes and checks tile t.
+  const int tile = MODE == kWide ? int(blockIdx.x) : int(blockIdx.x) / S;
+  const int split = MODE == kWide ? (tile < a.tiles ? 0 : 1) : int(blockIdx.x) % S;
   const bool active = tile < a.tiles;
   unsigned target = 0;
   constexpr bool kSplitWarps = MODE != kCluster;  // the cluster barrier takes every thread
@@ -146,12 +163,24 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
         if (tid == 0) a.counters[tile] = 0;
         finisher = true;
       }
-    } else if (MODE == kAtomic || MODE == kAtomicAll || MODE == kStoreAll) {
-      float* sums = a.sums + size_t(r % 2) * a.tiles * TILE;
-      float* spent = a.sums + size_t((r + 1) % 2) * a.tiles * TILE;  // read in round r - 1, before this barrier
-      if (MODE != kStoreAll && active && split == 0 && tid < TILE) spent[tile * TILE + tid] = 0.0f;
+    } else if (MODE == kAtomic || MODE == kAtomicAll || MODE == kStoreAll || MODE == kWide) {
+      const int copies = MODE == kWide ? a.copies : 1, stride = a.tiles * TILE;  // a copy's floats
+      float* sums = a.sums + size_t(r % 2) * copies * stride;
+      float* spent = a.sums + size_t((r + 1) % 2) * copies * stride;  // read in round r - 1, before this barrier
+      if (MODE != kStoreAll && active && split == 0 && tid < TILE)
+        for (int c = 0; c < copies; ++c) spent[c * stride + tile * TILE + tid] = 0.0f;
       if (MODE == kStoreAll) {
         if (active && split == 0 && tid < TILE) sums[tile * TILE + tid] = total_of(S, tid, r);
+      } else if (MODE == kWide) {
+        // Warp w adds tiles w, w + 4, ...: lane l columns 4l .. 4l + 3.
+        const int warp = tid / 32, lane = tid % 32;
+        const float4 v = {partial_of(blockIdx.x, 4 * lane, r), partial_of(blockIdx.x, 4 * lane + 1, r),
+                          partial_of(blockIdx.x, 4 * lane + 2, r), partial_of(blockIdx.x, 4 * lane + 3, r)};
+        float* mine = sums + (blockIdx.x % copies) * stride;
+        for (int t = warp; t < a.tiles; t += HANDOFF_THREADS / 32)
+          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + t * TILE + 4 * lane), "f"(v.x),
+                       "f"(v.y), "f"(v.z), "f"(v.w)
+                       : "memory");
       } else if (active && tid < TILE) {
         atomicAdd(&sums[tile * TILE + tid], y);
       }
@@ -161,19 +190,22 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
         // column a thread at a time, all loads issued before the first is
         // used (stage_carried's way).
         constexpr int kCols = 2304, kMaxCols = kCols / HANDOFF_THREADS;
-        float v[kMaxCols];
-#pragma unroll
-        for (int e = 0; e < kMaxCols; ++e) {
-          const int n = tid + e * HANDOFF_THREADS;
-          v[e] = n < a.tiles * TILE ? kt_ld_cg(&sums[n]) : 0.0f;
-        }
         float any = 0;
+        for (int c = 0; c < copies; ++c) {  // v5: each copy's loads all issued, then summed
+          float v[kMaxCols];
 #pragma unroll
-        for (int e = 0; e < kMaxCols; ++e) any += v[e];
+          for (int e = 0; e < kMaxCols; ++e) {
+            const int n = tid + e * HANDOFF_THREADS;
+            v[e] = n < stride ? kt_ld_cg(&sums[c * stride + n]) : 0.0f;
+          }
+#pragma unroll
+          for (int e = 0; e < kMaxCols; ++e) any += v[e];
+        }
         if (any == -1.0f) atomicAdd(a.wrong, 1000000);  // keeps the loads (never true: sums are positive)
       }
       if (active && split == 0) {
-        if (tid < TILE) total = kt_ld_cg(&sums[tile * TILE + tid]);
+        if (tid < TILE)
+          for (int c = 0; c < copies; ++c) total += kt_ld_cg(&sums[c * stride + tile * TILE + tid]);
         finisher = true;
       }
     } else if (MODE == kCluster && active) {
@@ -228,25 +260,26 @@ struct Result {
 };
 
 template <int MODE>
-Result run(int S, int blocks, const uint4* bg = nullptr) {
-  const int tiles = blocks / S;
+Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1) {
+  const int tiles = MODE == kWide ? kWideTiles : blocks / S;  // v5: S is the grid, every block a split
   Args a{};
   a.bg = bg;
   a.S = S;
   a.tiles = tiles;
+  a.copies = copies;
   CHECK(cudaMalloc(&a.partials, size_t(tiles) * S * TILE * sizeof(float)));
   CHECK(cudaMalloc(&a.counters, size_t(tiles) * sizeof(int)));
-  CHECK(cudaMalloc(&a.sums, 2 * size_t(tiles) * TILE * sizeof(float)));
+  CHECK(cudaMalloc(&a.sums, 2 * size_t(copies) * tiles * TILE * sizeof(float)));
   CHECK(cudaMalloc(&a.bar, sizeof(unsigned)));
   CHECK(cudaMalloc(&a.ns, size_t(ROUNDS) * tiles * sizeof(unsigned long long)));
   CHECK(cudaMalloc(&a.wrong, sizeof(int)));
   CHECK(cudaMemset(a.counters, 0, size_t(tiles) * sizeof(int)));
-  CHECK(cudaMemset(a.sums, 0, 2 * size_t(tiles) * TILE * sizeof(float)));
+  CHECK(cudaMemset(a.sums, 0, 2 * size_t(copies) * tiles * TILE * sizeof(float)));
   CHECK(cudaMemset(a.bar, 0, sizeof(unsigned)));
   CHECK(cudaMemset(a.ns, 0, size_t(ROUNDS) * tiles * sizeof(unsigned long long)));
   CHECK(cudaMemset(a.wrong, 0, sizeof(int)));
   CHECK(cudaFuncSetAttribute(handoff<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  Launch l(tiles * S, MODE == kCluster ? S : 1);
+  Launch l(MODE == kWide ? blocks : tiles * S, MODE == kCluster ? S : 1);
   CHECK(cudaLaunchKernelEx(&l.cfg, handoff<MODE>, a));
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
@@ -264,7 +297,7 @@ Result run(int S, int blocks, const uint4* bg = nullptr) {
   std::sort(worst.begin(), worst.end());
   res.median_us = worst[worst.size() / 2];
   res.p90_us = worst[worst.size() * 9 / 10];
-  res.blocks = tiles * S;
+  res.blocks = MODE == kWide ? blocks : tiles * S;
   for (void* p : {static_cast<void*>(a.partials), static_cast<void*>(a.counters), static_cast<void*>(a.sums),
                   static_cast<void*>(a.bar), static_cast<void*>(a.ns), static_cast<void*>(a.wrong)})
     CHECK(cudaFree(p));
@@ -315,6 +348,15 @@ int main() {
     print("v2 cluster", S, cl);
     wrong += cl.wrong;
   }
+  {
+    // v5: o_proj's k-split by the KDA items (128 of them, one a block).
+    for (int copies : {1, 2, 4, 8}) {
+      const Result w = run<kWide>(128, 128, nullptr, copies);
+      std::printf("(%d cop%s) ", copies, copies == 1 ? "y" : "ies");
+      print("v5 wide", 128, w);
+      wrong += w.wrong;
+    }
+  }
   // o_proj's shape while warps 4-7 stream from DRAM (the megakernel's
   // loader does so while a phase hands off).
   uint4* bg = nullptr;
@@ -329,7 +371,11 @@ int main() {
     print("v1 atomic", 7, at);
     print("v3 read all", 7, aa);
     print("v4 stored", 7, sa);
-    wrong += r.wrong + g.wrong + at.wrong + aa.wrong + sa.wrong;
+    const Result w = run<kWide>(128, 128, bg), w4 = run<kWide>(128, 128, bg, 4);
+    print("v5 wide", 128, w);
+    std::printf("(4 copies) ");
+    print("v5 wide", 128, w4);
+    wrong += r.wrong + g.wrong + at.wrong + aa.wrong + sa.wrong + w.wrong + w4.wrong;
   }
   CHECK(cudaFree(bg));
   if (wrong) std::printf("\nFAILED: %d wrong totals\n", wrong);

@@ -28,6 +28,19 @@
 //       left inside the layer's MoE is the pair's swap.
 //   v4  v3 without the swap (each block makes h from its own sums alone;
 //       not checked): what the swap costs.
+//   v5  v1 with the gate/up phase dealt at run time: its 128 tiles cut
+//       into units of U stages (U 2, 3 or 6), which every block's loader
+//       takes from a global counter when its ring has room (the first
+//       ones dealt statically, so that the ring fills without waiting),
+//       tagging each unit in shared memory for its consumers; a warp
+//       group eats whole units and adds its warps' sums into the gate/up
+//       buffer (16-byte vector reductions) after each. All 132 blocks take
+//       part, and a block whose stages come late takes fewer units, so
+//       the phase's blocks should finish together (the spread v1 shows is
+//       1.5-1.8 us). `look` L: the loader takes a unit only once its
+//       consumers are within L stages of what it has issued (12: the
+//       ring's room alone), so that fewer units are committed before the
+//       phase's end. The down phase is v1's.
 //
 // Every version reads the same bytes (the 8 experts' gate, up and down:
 // 3456 stages, 30.1 MB) with one loader warp and the megakernel's
@@ -65,12 +78,21 @@
 // blocks finish 0.5-0.9 us apart, against 1.7-1.8 from DRAM, yet the swap
 // still costs what the barrier does (1.34 against 1.28 us); the SMs'
 // lateness repeats every 16 SM numbers (where the SM sits).
+// v5 (runs 284-285): slower than v1 at every U and look, by 0.9-3.7 us
+// flushed and 1.25-2.9 warm, with no smaller spread. A take from the
+// counter is an L2 round trip (`ahead` overlaps it with the unit's copies:
+// still +0.9 us), the units' many reductions slow the consumers (warm, the
+// median block's gate/up +1.1 us), and a loader commits its ring's depth
+// plus a take's round trip (~4 us of a ~5 us share) before the spread
+// arises, while a shallower `look` starves DRAM. So run-time dealing cannot
+// pay for the spread with this pipeline.
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/moe_fused, or
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
 //     $(scripts/megakernel_defines.sh) -o /tmp/moe_fused kernels/kimi/cuda/dev/moe_fused.cu
 // Run on the device machine: moe_fused [launches] [warm] [version name prefixes...]
+// (e.g. moe_fused 60 v1 "v5 dynamic, U 3")
 // ("warm": L2 not flushed, so the stages, 30 MB, come from L2 after the
 // first launch: the spread of the blocks' finishing without DRAM's order)
 #include <cuda_runtime.h>
@@ -108,7 +130,8 @@ constexpr int SPLITS = 7;                   // v1's down k-splits: 18 x 7 = 126 
 constexpr int HOLD = 2;                     // v2's held stages
 static_assert(FEED_WPG * 32 == TILE, "v3's flush: a warp group's thread a column");
 
-enum Version { kTwoPhases = 1, kTwoPhasesHold, kFusedPairs, kFusedNoSwap };
+enum Version { kTwoPhases = 1, kTwoPhasesHold, kFusedPairs, kFusedNoSwap, kDynamic };
+constexpr int TAGS = 16;  // v5: units tagged ahead in shared memory (the ring holds at most STAGES / U + 1)
 __host__ __device__ constexpr bool fused(int v) { return v == kFusedPairs || v == kFusedNoSwap; }
 
 struct Args {
@@ -123,7 +146,19 @@ struct Args {
   unsigned* bar;           // grid barrier arrivals (zeroed)
   unsigned long long* times;  // [block][5]: start, its gate/up done, the middle point, its down work done, end
   unsigned* sm_of;            // [block]: the SM it ran on
+  unsigned* taken;            // v5: units taken from the counter (zeroed)
+  int look;                   // v5: the loader takes a unit once its consumers are within `look` stages
+  int ahead;                  // v5, 1: the next unit is asked for as soon as the last one is known
 };
+
+// v5's shared memory beyond the megakernel's Smem: each unit's number (tile
+// * parts + part, or -1: no more units) by the block's unit count, and how
+// many units the block ate.
+struct DynamicTags {
+  int unit[TAGS];
+  int units;
+};
+__device__ DynamicTags* dynamic_tags(Smem* sm) { return reinterpret_cast<DynamicTags*>(sm + 1); }
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
 __device__ __forceinline__ void group_sync(int group) {
@@ -160,6 +195,9 @@ __device__ PairItem pair_item(int b) {
   return {p, b % 2, p / IT, p % IT};
 }
 
+template <class Issue>
+__device__ void issue_down(const Args& a, Smem* sm, bool hold, Issue& issue);
+
 // The loader warp's lane 0: every stage of the block's items, in the order
 // the consumers eat them, one bulk copy each into the ring.
 template <int V>
@@ -184,14 +222,85 @@ __device__ void loader(const Args& a, Smem* sm) {
   }
   if (b < GU_TILES)
     for (int grp = 0; grp < DG; ++grp) issue(a.gu_stages + size_t(b) * DG + grp);  // tile b: (e * 2 + m) * IT + j
+  issue_down(a, sm, V == kTwoPhasesHold, issue);
+}
+
+// v1, v2, v5: the block's down item's stages, after its gate/up ones
+// (v2: the first HOLD, then the rest once the consumers are past the barrier).
+template <class Issue>
+__device__ void issue_down(const Args& a, Smem* sm, bool hold, Issue& issue) {
+  const int b = int(blockIdx.x);
   if (b >= DT * SPLITS) return;
   int n, g0, g1;
   down_item(b, &n, &g0, &g1);
   for (int g = g0; g < g1; ++g) {
-    if (V == kTwoPhasesHold && g == g0 + HOLD)
+    if (hold && g == g0 + HOLD)
       while (*reinterpret_cast<volatile int*>(&sm->flag) == 0) __nanosleep(32);
     issue(a.dn_stages + size_t(n) * KG + g);
   }
+}
+
+// v5's loader: gate/up units of U stages, the block's first ones dealt
+// statically (block b takes units b, b + blocks, ...: as many as fill the
+// `look` stages), the rest from the counter `taken`; then FEED_GROUPS
+// units tagged -1 (their U slots completed without a copy), one for each
+// warp group to stop at; then the down item as v1's.
+template <int U>
+__device__ void loader_dynamic(const Args& a, Smem* sm) {
+  constexpr int PARTS = DG / U, UNITS = GU_TILES * PARTS;
+  Stage* ring = reinterpret_cast<Stage*>(sm->pipe);
+  DynamicTags* tags = dynamic_tags(sm);
+  unsigned k = 0;
+  const unsigned look = unsigned(a.look);
+  auto room = [&]() {  // the slot free, and the consumers within `look` stages
+    if (k >= STAGES) kt_mbar_wait(&sm->empty[k % STAGES], ((k / STAGES) - 1) & 1);
+    if (look < STAGES && k >= look) kt_mbar_wait(&sm->empty[(k - look) % STAGES], ((k - look) / STAGES) & 1);
+  };
+  auto issue = [&](const Stage* src) {
+    room();
+    const unsigned slot = k % STAGES;
+    kt_mbar_arrive_expect_tx(&sm->full[slot], unsigned(sizeof(Stage)));
+    kt_bulk_copy_g2s(&ring[slot], src, unsigned(sizeof(Stage)), &sm->full[slot]);
+    ++k;
+  };
+  const int blocks = int(gridDim.x), b = int(blockIdx.x);
+  const int first = (int(look) + U - 1) / U;  // static units a block
+  int units = 0;
+  auto unit = [&](int u) {
+    tags->unit[units % TAGS] = u;  // published by the first stage's arrival
+    const int tile = u / PARTS, g0 = (u % PARTS) * U;
+    for (int s = 0; s < U; ++s) issue(a.gu_stages + size_t(tile) * DG + g0 + s);
+    ++units;
+  };
+  for (int i = 0; i < first && b + blocks * i < UNITS; ++i) unit(b + blocks * i);
+  if (a.ahead) {
+    // One take always in flight: its round trip overlaps the unit's copies.
+    unsigned next = atomicAdd(a.taken, 1u);
+    for (;;) {
+      const int u = blocks * first + int(next);
+      if (u >= UNITS) break;
+      next = atomicAdd(a.taken, 1u);
+      unit(u);
+    }
+  } else {
+    for (;;) {
+      room();  // take a unit only when its first stage could be issued at once
+      const int u = blocks * first + int(atomicAdd(a.taken, 1u));
+      if (u >= UNITS) break;
+      unit(u);
+    }
+  }
+  tags->units = units;
+  for (int m = 0; m < FEED_GROUPS; ++m) {
+    tags->unit[units % TAGS] = -1;
+    ++units;
+    for (int s = 0; s < U; ++s) {
+      room();
+      kt_mbar_arrive(&sm->full[k % STAGES]);
+      ++k;
+    }
+  }
+  issue_down(a, sm, false, issue);
 }
 
 // The block's sums of a tile (its warps' rows of red), for thread tid < TILE.
@@ -240,9 +349,9 @@ __device__ __noinline__ void consume_tiles(Smem* sm, unsigned eaten, int n, uint
   }
 }
 
-template <int V>
-__global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) moe_kernel(const __grid_constant__ Args a) {
-  Smem* sm = reinterpret_cast<Smem*>(kt_smem());
+// Every version's start: the block's start and SM noted, x staged (the
+// gate/up input, bf16: no lo part), the ring's mbarriers made.
+__device__ void kernel_start(const Args& a, Smem* sm) {
   const int tid = int(threadIdx.x), b = int(blockIdx.x);
   if (tid == 0) {
     a.times[5 * b] = kt_globaltimer();
@@ -263,12 +372,55 @@ __global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) moe_kernel(const __grid_c
     kt_mbar_fence_init();
   }
   __syncthreads();
-  if (tid >= THREADS) {
+}
+
+// kernel_start, then the roles: the loader warpgroup gives its registers
+// to the consumers and its first thread runs `load`. True for a consumer.
+template <class Load>
+__device__ bool start_as_consumer(const Args& a, Smem* sm, Load load) {
+  kernel_start(a, sm);
+  if (threadIdx.x >= THREADS) {
     kt_setmaxnreg_dec<mk::kLoaderRegs>();
-    if (tid == THREADS) loader<V>(a, sm);
-    return;
+    if (threadIdx.x == THREADS) load();
+    return false;
   }
   kt_setmaxnreg_inc<mk::kConsumerRegs>();
+  return true;
+}
+
+// v1, v2, v5 after their gate/up sums are added: the grid barrier, the
+// block's down item (its inputs silu(g) * u * w staged from the summed
+// gate/up buffer), its sums added into y, the final barrier. `eaten`: the
+// block's stages eaten before.
+__device__ void down_phase(const Args& a, Smem* sm, unsigned eaten) {
+  const int tid = int(threadIdx.x), b = int(blockIdx.x), warp = tid >> 5;
+  grid_barrier(a, 1);
+  if (tid == 0) a.times[5 * b + 2] = kt_globaltimer();
+  if (b < DT * SPLITS) {
+    int n, g0, g1;
+    down_item(b, &n, &g0, &g1);
+    // The item's inputs silu(g) * u * w, k = g0 * G .. g1 * G of the concatenated experts.
+    for (int k = g0 * G + tid; k < g1 * G; k += THREADS) {
+      const int e = k / I, i = k % I;
+      const float g = kt_ld_cg(a.gu + (e * 2) * I + i), u = kt_ld_cg(a.gu + (e * 2 + 1) * I + i);
+      stage_f32(sm, k, kt_silu(g) * u * a.w[e]);
+    }
+    consumers_sync();
+    if (tid == 0) *reinterpret_cast<volatile int*>(&sm->flag) = 1;  // v2: the held stages may go
+    mk::consume_stages(sm, eaten, g0, g1 - g0, mk::g_bias_pair, sm->red[warp]);
+    consumers_sync();
+    if (tid < TILE) atomicAdd(a.y + n * TILE + tid, tile_sum(sm, tid));
+  }
+  consumers_sync();
+  if (tid == 0) a.times[5 * b + 3] = kt_globaltimer();
+  grid_barrier(a, 2);
+}
+
+template <int V>
+__global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) moe_kernel(const __grid_constant__ Args a) {
+  Smem* sm = reinterpret_cast<Smem*>(kt_smem());
+  const int tid = int(threadIdx.x), b = int(blockIdx.x);
+  if (!start_as_consumer(a, sm, [&] { loader<V>(a, sm); })) return;
   const uint32_t bias = mk::g_bias_pair;
   const int warp = tid >> 5;
   unsigned eaten = 0;
@@ -310,27 +462,61 @@ __global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) moe_kernel(const __grid_c
     grid_barrier(a, 1);
   } else {
     if (b < GU_TILES && tid < TILE) atomicAdd(a.gu + b * TILE + tid, tile_sum(sm, tid));  // b's columns: (e * 2 + m) * I + j * TILE
-    grid_barrier(a, 1);
-    if (tid == 0) a.times[5 * b + 2] = kt_globaltimer();
-    if (b < DT * SPLITS) {
-      int n, g0, g1;
-      down_item(b, &n, &g0, &g1);
-      // The item's inputs silu(g) * u * w, k = g0 * G .. g1 * G of the concatenated experts.
-      for (int k = g0 * G + tid; k < g1 * G; k += THREADS) {
-        const int e = k / I, i = k % I;
-        const float g = kt_ld_cg(a.gu + (e * 2) * I + i), u = kt_ld_cg(a.gu + (e * 2 + 1) * I + i);
-        stage_f32(sm, k, kt_silu(g) * u * a.w[e]);
-      }
-      consumers_sync();
-      if (tid == 0) *reinterpret_cast<volatile int*>(&sm->flag) = 1;  // v2: the held stages may go
-      mk::consume_stages(sm, eaten, g0, g1 - g0, bias, sm->red[warp]);
-      consumers_sync();
-      if (tid < TILE) atomicAdd(a.y + n * TILE + tid, tile_sum(sm, tid));
-    }
-    consumers_sync();
-    if (tid == 0) a.times[5 * b + 3] = kt_globaltimer();
-    grid_barrier(a, 2);
+    down_phase(a, sm, eaten);
   }
+  if (tid == 0) a.times[5 * b + 4] = kt_globaltimer();
+}
+
+// v5's consumers: warp group `group` eats the block's units group, group +
+// FEED_GROUPS, ... (U stages each, in ring order), until a unit tagged -1;
+// after each unit every warp adds its sums for the unit's tile into gu.
+template <int U>
+__device__ __noinline__ void consume_units(Smem* sm, uint32_t bias, float* gu) {
+  constexpr int PARTS = DG / U;
+  static_assert(DG % U == 0 && STAGES % U == 0 && (STAGES / U) % FEED_GROUPS == 0,
+                "v5: a slot's fill before is the same group's (consume_stages' rule), units whole");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const int group = warp / FEED_WPG, first_chunk = (warp % FEED_WPG) * mk::FEED_Q;
+  const Stage* ring = reinterpret_cast<const Stage*>(sm->pipe);
+  const DynamicTags* tags = dynamic_tags(sm);
+  for (int ku = group;; ku += FEED_GROUPS) {
+    const unsigned k0 = unsigned(ku) * U;
+    kt_mbar_wait(&sm->full[k0 % STAGES], (k0 / STAGES) & 1);
+    const int u = tags->unit[ku % TAGS];
+    float acc[16], mma_acc[8][4], out[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
+    for (int s = 0; s < U; ++s) {
+      const unsigned k = k0 + unsigned(s), slot = k % STAGES;
+      if (s > 0) kt_mbar_wait(&sm->full[slot], (k / STAGES) & 1);
+      if (u >= 0)
+        mk::compute_feed_stage(ring[slot], lane, first_chunk, bias, sm->xs_hi, sm->xs_lo,
+                               ((u % PARTS) * U + s) * mk::STAGE_CHUNKS, mma_acc);
+      __syncwarp();
+      if (lane == 0) kt_mbar_arrive(&sm->empty[slot]);
+    }
+    if (u < 0) return;
+    mk::gemv_finish(acc, mma_acc, out);
+    if ((lane & 3) == 0) {
+      float* dst = gu + (u / PARTS) * TILE + 16 * g;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 4 * q), "f"(out[4 * q]),
+                     "f"(out[4 * q + 1]), "f"(out[4 * q + 2]), "f"(out[4 * q + 3])
+                     : "memory");
+    }
+  }
+}
+
+template <int U>
+__global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) moe_dynamic_kernel(const __grid_constant__ Args a) {
+  Smem* sm = reinterpret_cast<Smem*>(kt_smem());
+  const int tid = int(threadIdx.x), b = int(blockIdx.x);
+  if (!start_as_consumer(a, sm, [&] { loader_dynamic<U>(a, sm); })) return;
+  consume_units<U>(sm, mk::g_bias_pair, a.gu);
+  consumers_sync();
+  if (tid == 0) a.times[5 * b + 1] = kt_globaltimer();
+  down_phase(a, sm, unsigned(dynamic_tags(sm)->units + FEED_GROUPS) * U);
   if (tid == 0) a.times[5 * b + 4] = kt_globaltimer();
 }
 
@@ -355,6 +541,9 @@ struct Case {
   const char* name;
   void (*kernel)(Args);
   bool checked;
+  int look;        // v5: Args::look
+  bool all_blocks;
+  int ahead = 0;   // v5: Args::ahead  // every block computes gate/up (v5), not the first GU_TILES
 };
 
 // A stack of `count` W4A16 matrices [K, N] in the spec's layout, random.
@@ -454,21 +643,30 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&a.bar, 4));
   CHECK(cudaMalloc(&a.times, size_t(sms) * 5 * 8));
   CHECK(cudaMalloc(&a.sm_of, size_t(sms) * 4));
+  CHECK(cudaMalloc(&a.taken, 4));
   // Written before each launch so that no launch finds its weights in L2.
   const size_t flush_bytes = 256u << 20;
   void* flush;
   CHECK(cudaMalloc(&flush, flush_bytes));
 
-  const Case cases[] = {{"v1 two phases", moe_kernel<kTwoPhases>, true},
-                        {"v2 two phases, hold 2", moe_kernel<kTwoPhasesHold>, true},
-                        {"v3 fused by pairs", moe_kernel<kFusedPairs>, true},
-                        {"v4 fused, no swap", moe_kernel<kFusedNoSwap>, false}};
-  const size_t smem = sizeof(Smem);
+  const Case cases[] = {{"v1 two phases", moe_kernel<kTwoPhases>, true, 0, false},
+                        {"v2 two phases, hold 2", moe_kernel<kTwoPhasesHold>, true, 0, false},
+                        {"v3 fused by pairs", moe_kernel<kFusedPairs>, true, 0, false},
+                        {"v4 fused, no swap", moe_kernel<kFusedNoSwap>, false, 0, false},
+                        {"v5 dynamic, U 3, look 12", moe_dynamic_kernel<3>, true, 12, true},
+                        {"v5 dynamic, U 2, look 12", moe_dynamic_kernel<2>, true, 12, true},
+                        {"v5 dynamic, U 6, look 12", moe_dynamic_kernel<6>, true, 12, true},
+                        {"v5 dynamic, U 3, look 6", moe_dynamic_kernel<3>, true, 6, true},
+                        {"v5 dynamic, U 2, look 4", moe_dynamic_kernel<2>, true, 4, true},
+                        {"v5 dynamic, U 3, look 12, ahead", moe_dynamic_kernel<3>, true, 12, true, 1},
+                        {"v5 dynamic, U 3, look 6, ahead", moe_dynamic_kernel<3>, true, 6, true, 1},
+                        {"v5 dynamic, U 2, look 4, ahead", moe_dynamic_kernel<2>, true, 4, true, 1}};
+  const size_t smem = sizeof(Smem) + sizeof(DynamicTags);
   std::printf("moe_fused: %d experts' gate/up and down (%.1f MB of stages), %d blocks of %d threads, ring %d stages, "
               "%d launches each%s\n",
               EXPERTS, double(GU_TILES * DG + DT * KG) * sizeof(Stage) / 1e6, sms, KT_BLOCK_THREADS, STAGES, launches,
               warm ? ", L2 not flushed (warm)" : "");
-  std::printf("%-26s %9s %9s %9s %9s %9s %9s %9s\n", "version", "min us", "median", "max", "gate/up", "middle", "done",
+  std::printf("%-34s %9s %9s %9s %9s %9s %9s %9s\n", "version", "min us", "median", "max", "gate/up", "middle", "done",
               "check");
   int failed = 0;
   for (const Case& cs : cases) {
@@ -477,9 +675,12 @@ int main(int argc, char** argv) {
     if (!wanted) continue;
     CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     std::vector<double> spans, gus, middles, dones;
+    const int gu_blocks = cs.all_blocks ? sms : GU_TILES;  // the blocks that compute gate/up
+    a.look = cs.look;
+    a.ahead = cs.ahead;
     std::vector<double> ranges;                             // each launch's last - first gate/up block done (us)
     std::vector<double> late_sum[2];                        // per block: gate/up done - the launch's median, summed over even / odd launches
-    for (auto& v : late_sum) v.assign(GU_TILES, 0.0);
+    for (auto& v : late_sum) v.assign(gu_blocks, 0.0);
     std::vector<unsigned> sm_of(sms);
     std::vector<double> late_by_sm(1024, 0.0);  // the same lateness, summed by the SM the block ran on
     std::vector<double> start_by_sm(1024, 0.0);  // the block's start after the launch's first, likewise
@@ -492,6 +693,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMemset(a.flags, 0, size_t(GU_TILES) * 4));
       CHECK(cudaMemset(a.y, 0, size_t(D) * 4));
       CHECK(cudaMemset(a.bar, 0, 4));
+      CHECK(cudaMemset(a.taken, 0, 4));
       void* params[] = {&a};
       CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(cs.kernel), dim3(sms), dim3(KT_BLOCK_THREADS), params,
                                         smem, nullptr));
@@ -513,20 +715,20 @@ int main(int argc, char** argv) {
       // The median gate/up block's point `i`, in us from the first start.
       auto median_at = [&](int i) {
         std::vector<double> at;
-        for (int b = 0; b < GU_TILES; ++b) at.push_back(double(t[5 * b + i] - t0) / 1e3);
+        for (int b = 0; b < gu_blocks; ++b) at.push_back(double(t[5 * b + i] - t0) / 1e3);
         std::sort(at.begin(), at.end());
         return at[at.size() / 2];
       };
       if (l == 0) continue;  // the first launch warms the code and the clocks
       {
         std::vector<double> at;
-        for (int b = 0; b < GU_TILES; ++b) at.push_back(double(t[5 * b + 1] - t0) / 1e3);
+        for (int b = 0; b < gu_blocks; ++b) at.push_back(double(t[5 * b + 1] - t0) / 1e3);
         std::vector<double> sorted = at;
         std::sort(sorted.begin(), sorted.end());
         ranges.push_back(sorted.back() - sorted.front());
-        for (int b = 0; b < GU_TILES; ++b) late_sum[l % 2][b] += at[b] - sorted[sorted.size() / 2];
+        for (int b = 0; b < gu_blocks; ++b) late_sum[l % 2][b] += at[b] - sorted[sorted.size() / 2];
         CHECK(cudaMemcpy(sm_of.data(), a.sm_of, size_t(sms) * 4, cudaMemcpyDeviceToHost));
-        for (int b = 0; b < GU_TILES; ++b) {
+        for (int b = 0; b < gu_blocks; ++b) {
           late_by_sm[sm_of[b] % 1024] += at[b] - sorted[sorted.size() / 2];
           start_by_sm[sm_of[b] % 1024] += double(t[5 * b] - t0) / 1e3;
           ++count_by_sm[sm_of[b] % 1024];
@@ -542,29 +744,29 @@ int main(int argc, char** argv) {
     char check[32];
     if (cs.checked) std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", worst);
     else std::snprintf(check, sizeof check, "-");
-    std::printf("%-26s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9s\n", cs.name, spans.front(), spans[spans.size() / 2],
+    std::printf("%-34s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9s\n", cs.name, spans.front(), spans[spans.size() / 2],
                 spans.back(), gus[gus.size() / 2], middles[middles.size() / 2], dones[dones.size() / 2], check);
     if (!ok) ++failed;
     // How late each gate/up block is against its launch's median, in the
     // even and the odd launches: if the two halves agree (correlation near
     // 1), the lateness belongs to the block's SM, not to the launch.
     const int halves[2] = {launches / 2, (launches - 1) / 2};  // launches 1.. split by parity
-    std::vector<double> late(GU_TILES);
+    std::vector<double> late(gu_blocks);
     double m0 = 0, m1 = 0;
-    for (int b = 0; b < GU_TILES; ++b) {
+    for (int b = 0; b < gu_blocks; ++b) {
       late[b] = (late_sum[0][b] + late_sum[1][b]) / (halves[0] + halves[1]);
-      m0 += late_sum[0][b] / halves[0] / GU_TILES;
-      m1 += late_sum[1][b] / halves[1] / GU_TILES;
+      m0 += late_sum[0][b] / halves[0] / gu_blocks;
+      m1 += late_sum[1][b] / halves[1] / gu_blocks;
     }
     double c01 = 0, c00 = 0, c11 = 0;
-    for (int b = 0; b < GU_TILES; ++b) {
+    for (int b = 0; b < gu_blocks; ++b) {
       const double d0 = late_sum[0][b] / halves[0] - m0, d1 = late_sum[1][b] / halves[1] - m1;
       c01 += d0 * d1;
       c00 += d0 * d0;
       c11 += d1 * d1;
     }
-    std::vector<int> order(GU_TILES);
-    for (int b = 0; b < GU_TILES; ++b) order[b] = b;
+    std::vector<int> order(gu_blocks);
+    for (int b = 0; b < gu_blocks; ++b) order[b] = b;
     std::sort(order.begin(), order.end(), [&](int x, int y) { return late[x] > late[y]; });
     std::printf("    gate/up blocks' spread: last - first %.2f us (median launch); each block against its launch's median,\n"
                 "    over the launches: %.2f .. %.2f us; even vs odd launches correlate %.2f; latest blocks (SM, us):",
