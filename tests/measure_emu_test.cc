@@ -27,18 +27,7 @@ using namespace ktune;
 namespace {
 
 using Defines = std::map<std::string, std::string>;
-
-// Renders a CUDA template (plus `extra` source after it, and test-only
-// macros `more`) for the emulator and builds it with g++.
-std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, const json& knobs,
-                      const std::string& extra = "", const Defines& more = {}) {
-  const variants::Template* t = kimi::find_template(tmpl);
-  REQUIRE(t);
-  auto defines = kimi::config_defines(cfg);
-  for (auto& [k, v] : variants::knob_defines(t->space, t->space.complete(knobs))) defines[k] = v;
-  for (auto& [k, v] : more) defines[k] = v;
-  return measure::testing::build_emu_source(defines, *variants::embedded_file(t->file) + extra);
-}
+using measure::testing::build_emu;
 
 // Loads a golden file; false, with a visible message, when the vectors are
 // not found.

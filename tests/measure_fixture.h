@@ -1,6 +1,7 @@
 // Shared by the tests of the runner and its backends: rendering a CUDA
-// source with a config's sizes (and any more #defines) and building it with
-// g++ into a shared library the cuda-emu backend loads; starting a runner
+// source (or one of the CUDA templates at some knobs) with a config's sizes
+// (and any more #defines) and building it with g++ into a shared library
+// the cuda-emu backend loads; starting a runner
 // process; and what tests/data/cuda_prepare.cu (a variant with a prepare
 // table) should give, on the emulator and on the GPU alike.
 #pragma once
@@ -36,6 +37,18 @@ inline std::string build_emu_source(const std::map<std::string, std::string>& de
   sandbox::BuildResult r = cache.build(req);
   REQUIRE_MESSAGE(r.ok, r.log);
   return r.artifact;
+}
+
+// Renders the CUDA template `tmpl` at `knobs` (plus `extra` source after it,
+// and test-only macros `more`) for the emulator and builds it with g++.
+inline std::string build_emu(const kimi::KimiConfig& cfg, const std::string& tmpl, const json& knobs,
+                             const std::string& extra = "", const std::map<std::string, std::string>& more = {}) {
+  const variants::Template* t = kimi::find_template(tmpl);
+  REQUIRE(t);
+  auto defines = kimi::config_defines(cfg);
+  for (auto& [k, v] : variants::knob_defines(t->space, t->space.complete(knobs))) defines[k] = v;
+  for (auto& [k, v] : more) defines[k] = v;
+  return build_emu_source(defines, *variants::embedded_file(t->file) + extra);
 }
 
 // A file of tests/data.

@@ -146,6 +146,63 @@ TEST_CASE("a prepare kernel that hangs is a timeout, one that faults a device_fa
   remove_tree(work);
 }
 
+TEST_CASE("a megakernel whose prepare table was made for another grid, or would overflow, traps: a device_fault") {
+  // The megakernel's prepare table numbers every phase's items for the
+  // step's grid; a step launched on another grid would skip or repeat
+  // items, so load_plans traps, as prepare_plans does before a kind's items
+  // overflow the table. A trap ends the emulating runner's process (on the
+  // GPU, the context): the attempt's outcome is a device fault, the trap is
+  // in the runner's log, and the next load starts a fresh runner. The test
+  // hooks KT_TEST_PLANS_GRID and KT_TEST_ITEMS_MAX make the two cases.
+  const kimi::KimiConfig cfg = tiny();
+  using measure::testing::build_emu;
+  const std::string good = build_emu(cfg, "kimi-mega-cuda", json::object()),
+                    other_grid = build_emu(cfg, "kimi-mega-cuda", json::object(), "", {{"KT_TEST_PLANS_GRID", "1"}}),
+                    overflow = build_emu(cfg, "kimi-mega-cuda", json::object(), "", {{"KT_TEST_ITEMS_MAX", "1"}});
+  std::string err, work;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-trap-test-", &work, &err), err);
+  measure::RunnerClient runner;
+  measure::testing::start_runner(&runner, std::string(KTUNE_BINARY_DIR) + "/ktune-runner", "cuda-emu", "tiny", work);
+  auto load = [&](const std::string& artifact) { return runner.call({{"op", "load"}, {"artifact", artifact}}, 60); };
+  auto validate = [&] {
+    return runner.call(
+        {{"op", "validate"}, {"cases", json::array({{{"seed", 1}, {"context", 5}}})}, {"out_dir", work + "/out"}}, 120);
+  };
+  auto traps_logged = [&] {  // the runners' log is appended to by every one started
+    std::string log;
+    REQUIRE_MESSAGE(read_file(work + "/runner.log", &log, &err), err);
+    int n = 0;
+    for (size_t at = log.find("kt_emu: a kernel thread trapped"); at != std::string::npos;
+         at = log.find("kt_emu: a kernel thread trapped", at + 1))
+      ++n;
+    return n;
+  };
+
+  // Made for a grid one block larger: it loads (its prepare launch is
+  // fine), then its step traps.
+  measure::RunnerReply r = load(other_grid);
+  REQUIRE_MESSAGE(r.ok, r.error);
+  r = validate();
+  MESSAGE("another grid: " << r.outcome << ": " << r.error);
+  CHECK(r.outcome == "device_fault");
+  CHECK(traps_logged() == 1);
+  // A kind of phase with more items than the table holds: the prepare
+  // launch traps, so the load is the device fault.
+  r = load(overflow);
+  MESSAGE("table overflow: " << r.outcome << ": " << r.error);
+  CHECK(r.outcome == "device_fault");
+  CHECK(traps_logged() == 2);
+  // The runner goes on: the kernel without the hooks loads and validates.
+  r = load(good);
+  REQUIRE_MESSAGE(r.ok, r.error);
+  r = validate();
+  CHECK_MESSAGE(r.ok, r.error);
+  CHECK(traps_logged() == 2);
+  CHECK(runner.starts() == 3);  // the first, then one after each fault
+  runner.stop();
+  remove_tree(work);
+}
+
 TEST_CASE("variants of ABI versions 1 and 2 still load, their attention outputs not reported; others are refused") {
   // Sessions recorded before the prepare table (version 1) or attn_out
   // (version 2) carry that version in their sources; replaying or resuming

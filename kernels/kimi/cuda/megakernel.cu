@@ -157,6 +157,17 @@
 // The prepare table (ktune_k1): the bulk feeds' repacked weights, and
 // KT_NUMBERING 2's plans (and 3's items).
 #define KT_HAS_PREPARE (KT_FEED >= 1 || KT_NUMBERING >= 2)
+// Tests only: KT_TEST_PLANS_GRID n, the prepare table records a grid n
+// blocks larger than the one it numbered, as a launcher that sized the step
+// and prepare launches apart would leave it (load_plans must trap); and
+// KT_TEST_ITEMS_MAX n, a kind of phase may list at most n items in the
+// prepare table (prepare_plans must trap when one has more).
+#ifndef KT_TEST_PLANS_GRID
+#define KT_TEST_PLANS_GRID 0
+#endif
+#ifndef KT_TEST_ITEMS_MAX
+#define KT_TEST_ITEMS_MAX 0
+#endif
 // Tests only: KT_PREDICT_MISS 1, the prediction drops its best expert, so
 // the routing is never within it; KT_PREDICT_FIX 0, a missed prediction is
 // not repaired (the output is then wrong), so a test that passes shows
@@ -3245,12 +3256,13 @@ KT_DEV void prepare_plans(const KimiDeviceArgs& a) {
     const ItemPlan pl = number_items(plan_shape(a, warp), blocks);
     if (threadIdx.x % 32 == 0) s->plans[warp] = pl;
   }
-  if (threadIdx.x == 0) s->plans_grid = blocks;
+  if (threadIdx.x == 0) s->plans_grid = blocks + KT_TEST_PLANS_GRID;
 #if KT_NUMBERING == 3
   __syncthreads();  // the block's plans are written (and seen by the block)
+  constexpr int kItemsMax = KT_TEST_ITEMS_MAX > 0 ? KT_TEST_ITEMS_MAX : kMaxItems;
   for (int kind = 0; kind < kPlanKinds; ++kind) {
     const ItemMap map(s->plans[kind]);
-    if (map.items > kMaxItems) __trap();  // the table's row would overflow (no grid of the launch tables comes near)
+    if (map.items > kItemsMax) __trap();  // the table's row would overflow (no grid of the launch tables comes near)
     for (int it = map.rows + int(threadIdx.x); it < map.items; it += int(blockDim.x))
       s->item_table[kind][it] = pack_item(map.number(it, blocks));
   }

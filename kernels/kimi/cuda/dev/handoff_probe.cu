@@ -31,6 +31,7 @@
 //               b % C and every block reads all C (fewer reductions wait on
 //               each 32-byte sector, more to read)
 //   ref         the grid barrier alone (v1 includes one)
+// and whether a cooperative launch (the megakernel's) takes clusters of 2.
 //
 // Each round starts at a grid barrier (a counter, as the megakernel's
 // KT_BARRIER 2); a round's time is the finishing block's, from its barrier
@@ -236,20 +237,27 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
 
 // A launch of `blocks` blocks, one an SM (the shared memory asks for it),
 // in clusters of `cluster` blocks when cluster > 1.
+// With `cooperative`, also as a cooperative launch (as the megakernel is
+// launched), which guarantees every block resident at once.
 struct Launch {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  Launch(int blocks, int cluster) {
+  cudaLaunchAttribute attr[2];
+  Launch(int blocks, int cluster, bool cooperative = false) {
     cfg.gridDim = dim3(unsigned(blocks));
     cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.attrs = attr;
     if (cluster > 1) {
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(cluster);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attr[cfg.numAttrs].val.clusterDim.x = unsigned(cluster);
+      attr[cfg.numAttrs].val.clusterDim.y = 1;
+      attr[cfg.numAttrs].val.clusterDim.z = 1;
+      ++cfg.numAttrs;
+    }
+    if (cooperative) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeCooperative;
+      attr[cfg.numAttrs].val.cooperative = 1;
+      ++cfg.numAttrs;
     }
   }
 };
@@ -260,7 +268,7 @@ struct Result {
 };
 
 template <int MODE>
-Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1) {
+Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1, bool cooperative = false) {
   const int tiles = MODE == kWide ? kWideTiles : blocks / S;  // v5: S is the grid, every block a split
   Args a{};
   a.bg = bg;
@@ -278,9 +286,24 @@ Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1) {
   CHECK(cudaMemset(a.bar, 0, sizeof(unsigned)));
   CHECK(cudaMemset(a.ns, 0, size_t(ROUNDS) * tiles * sizeof(unsigned long long)));
   CHECK(cudaMemset(a.wrong, 0, sizeof(int)));
+  auto free_args = [&] {
+    for (void* p : {static_cast<void*>(a.partials), static_cast<void*>(a.counters), static_cast<void*>(a.sums),
+                    static_cast<void*>(a.bar), static_cast<void*>(a.ns), static_cast<void*>(a.wrong)})
+      CHECK(cudaFree(p));
+  };
   CHECK(cudaFuncSetAttribute(handoff<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  Launch l(MODE == kWide ? blocks : tiles * S, MODE == kCluster ? S : 1);
-  CHECK(cudaLaunchKernelEx(&l.cfg, handoff<MODE>, a));
+  Launch l(MODE == kWide ? blocks : tiles * S, MODE == kCluster ? S : 1, cooperative);
+  const cudaError_t launched = cudaLaunchKernelEx(&l.cfg, handoff<MODE>, a);
+  if (launched != cudaSuccess && cooperative) {  // the question the caller asks: not fatal
+    std::printf("  a cooperative launch of %d blocks in clusters of %d: refused (%s)\n", tiles * S, S,
+                cudaGetErrorString(launched));
+    (void)cudaGetLastError();
+    free_args();
+    Result refused;
+    refused.wrong = -1;
+    return refused;
+  }
+  CHECK(launched);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   std::vector<unsigned long long> ns(size_t(ROUNDS) * tiles);
@@ -298,9 +321,7 @@ Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1) {
   res.median_us = worst[worst.size() / 2];
   res.p90_us = worst[worst.size() * 9 / 10];
   res.blocks = MODE == kWide ? blocks : tiles * S;
-  for (void* p : {static_cast<void*>(a.partials), static_cast<void*>(a.counters), static_cast<void*>(a.sums),
-                  static_cast<void*>(a.bar), static_cast<void*>(a.ns), static_cast<void*>(a.wrong)})
-    CHECK(cudaFree(p));
+  free_args();
   return res;
 }
 
@@ -355,6 +376,16 @@ int main() {
       std::printf("(%d cop%s) ", copies, copies == 1 ? "y" : "ies");
       print("v5 wide", 128, w);
       wrong += w.wrong;
+    }
+  }
+  {
+    // Whether the megakernel could keep its cooperative launch with
+    // clusters of 2 (all 132 SMs), for a cluster hand-off.
+    const Result cc = run<kCluster>(2, sms, nullptr, 1, true);
+    if (cc.wrong >= 0) {
+      std::printf("(cooperative) ");
+      print("v2 cluster", 2, cc);
+      wrong += cc.wrong;
     }
   }
   // o_proj's shape while warps 4-7 stream from DRAM (the megakernel's
