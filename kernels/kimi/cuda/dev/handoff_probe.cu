@@ -52,6 +52,8 @@
 // Runs 285-286 (2026-12-03): v5 wide 3.46-3.78 us against v3's 1.41-1.54
 // (2 copies 3.14, 4 3.49, 8 4.96; under load 4.45-4.80 against 3.10-3.17):
 // a 128-way k-split by reductions costs ~2 us more than a 7-way one.
+// Run 287: a cooperative launch with clusters of 2 is accepted (132
+// blocks, the cluster hand-off 0.58 us as without the cooperative launch).
 //
 // Build and run (sm_90a; on the device machine): CMake builds it as
 // build/handoff_probe where it finds the CUDA toolkit, or by hand
