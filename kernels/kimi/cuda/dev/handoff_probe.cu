@@ -267,6 +267,7 @@ struct Launch {
 struct Result {
   double median_us = 0, p90_us = 0;
   int wrong = 0, blocks = 0;
+  bool launched = true;  // false: the (cooperative) launch was refused
 };
 
 template <int MODE>
@@ -302,7 +303,7 @@ Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1, bool co
     (void)cudaGetLastError();
     free_args();
     Result refused;
-    refused.wrong = -1;
+    refused.launched = false;
     return refused;
   }
   CHECK(launched);
@@ -384,7 +385,7 @@ int main() {
     // Whether the megakernel could keep its cooperative launch with
     // clusters of 2 (all 132 SMs), for a cluster hand-off.
     const Result cc = run<kCluster>(2, sms, nullptr, 1, true);
-    if (cc.wrong >= 0) {
+    if (cc.launched) {
       std::printf("(cooperative) ");
       print("v2 cluster", 2, cc);
       wrong += cc.wrong;

@@ -130,7 +130,7 @@ constexpr int SPLITS = 7;                   // v1's down k-splits: 18 x 7 = 126 
 constexpr int HOLD = 2;                     // v2's held stages
 static_assert(FEED_WPG * 32 == TILE, "v3's flush: a warp group's thread a column");
 
-enum Version { kTwoPhases = 1, kTwoPhasesHold, kFusedPairs, kFusedNoSwap, kDynamic };
+enum Version { kTwoPhases = 1, kTwoPhasesHold, kFusedPairs, kFusedNoSwap };  // v5: moe_dynamic_kernel
 constexpr int TAGS = 16;  // v5: units tagged ahead in shared memory (the ring holds at most STAGES / U + 1)
 __host__ __device__ constexpr bool fused(int v) { return v == kFusedPairs || v == kFusedNoSwap; }
 
@@ -541,9 +541,9 @@ struct Case {
   const char* name;
   void (*kernel)(Args);
   bool checked;
-  int look;        // v5: Args::look
-  bool all_blocks;
-  int ahead = 0;   // v5: Args::ahead  // every block computes gate/up (v5), not the first GU_TILES
+  int look;         // v5: Args::look
+  bool all_blocks;  // every block computes gate/up (v5), not the first GU_TILES
+  int ahead = 0;    // v5: Args::ahead
 };
 
 // A stack of `count` W4A16 matrices [K, N] in the spec's layout, random.
