@@ -107,6 +107,7 @@
 #include "base/bf16.h"
 #include "kernels/kimi/cuda/dev/cuda_check.h"
 #include "kernels/kimi/cuda/megakernel.cu"
+#include "kernels/kimi/cuda/dev/megakernel_study.cuh"
 
 namespace study {
 using mk::FEED_GROUPS;
@@ -160,23 +161,7 @@ struct DynamicTags {
 };
 __device__ DynamicTags* dynamic_tags(Smem* sm) { return reinterpret_cast<DynamicTags*>(sm + 1); }
 
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
-__device__ __forceinline__ void group_sync(int group) {
-  asm volatile("bar.sync %0, %1;" ::"r"(2 + group), "n"(FEED_WPG * 32) : "memory");
-}
-
-// The consumers' grid barrier, the megakernel's counter kind: round r waits
-// for r arrivals from every block.
-__device__ void grid_barrier(const Args& a, unsigned round) {
-  consumers_sync();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(a.bar, 1u);
-    while (kt_ld_acquire(a.bar) < round * gridDim.x) {
-    }
-  }
-  consumers_sync();
-}
+__device__ void grid_barrier(const Args& a, unsigned round) { grid_barrier(a.bar, round); }
 
 // v1, v2: block b's down item (b < DT * SPLITS): tile n, groups [g0, g1).
 __device__ void down_item(int b, int* n, int* g0, int* g1) {
@@ -546,34 +531,6 @@ struct Case {
   int ahead = 0;    // v5: Args::ahead
 };
 
-// A stack of `count` W4A16 matrices [K, N] in the spec's layout, random.
-struct Stack {
-  std::vector<uint8_t> q;
-  std::vector<uint16_t> s, z;
-  Stack(int count, int K, int N, std::mt19937& rng) : q(size_t(count) * K / 2 * N), s(size_t(count) * K / G * N), z(s.size()) {
-    std::uniform_int_distribution<int> byte(0, 255), zero(0, 15);
-    std::uniform_real_distribution<float> scale(0.001f, 0.004f);
-    for (auto& v : q) v = uint8_t(byte(rng));
-    for (auto& v : s) v = ktune::float_to_bf16(scale(rng));
-    for (auto& v : z) v = ktune::float_to_bf16(float(zero(rng)));
-  }
-  // Matrix c's dequantised weight [k, n], rounded as the spec says.
-  double w(int c, int K, int N, int k, int n) const {
-    const uint8_t b = q[(size_t(c) * K / 2 + k / 2) * N + n];
-    const size_t gi = (size_t(c) * K / G + k / G) * N + n;
-    const int qv = k % 2 ? b >> 4 : b & 15;
-    return ktune::round_bf16(ktune::round_bf16(qv - ktune::bf16_to_float(z[gi])) * ktune::bf16_to_float(s[gi]));
-  }
-};
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-  T* p;
-  CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
-  CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
 }  // namespace study
 
 int main(int argc, char** argv) {
@@ -592,7 +549,7 @@ int main(int argc, char** argv) {
   for (auto& v : w) v = weight(rng);
 
   // The reference: g, u and h in double; y = sum over experts of h @ down.
-  std::vector<double> want(D, 0.0), scale_of(D, 0.0);
+  Reference ref(D);
   for (int e = 0; e < EXPERTS; ++e) {
     std::vector<double> g(I, 0.0), u(I, 0.0);
     for (int k = 0; k < D; ++k) {
@@ -604,20 +561,11 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < I; ++i) {
       const double h = g[i] / (1.0 + std::exp(-g[i])) * u[i] * w[e];
-      for (int n = 0; n < D; ++n) {
-        const double t = h * down.w(e, I, D, i, n);
-        want[n] += t;
-        scale_of[n] += std::fabs(t);
-      }
+      for (int n = 0; n < D; ++n) ref.add(n, h * down.w(e, I, D, i, n));
     }
   }
 
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  if (sms < GU_TILES) {
-    std::fprintf(stderr, "moe_fused: needs %d SMs (one gate/up tile a block), this GPU has %d\n", GU_TILES, sms);
-    return 2;
-  }
+  const int sms = sms_at_least(GU_TILES, "moe_fused", "one gate/up tile a block");
   Stage *gu_stages, *dn_stages;
   CHECK(cudaMalloc(&gu_stages, size_t(GU_TILES) * DG * sizeof(Stage)));
   CHECK(cudaMalloc(&dn_stages, size_t(DT) * KG * sizeof(Stage)));
@@ -670,9 +618,7 @@ int main(int argc, char** argv) {
               "check");
   int failed = 0;
   for (const Case& cs : cases) {
-    bool wanted = argc <= first_name;
-    for (int i = first_name; i < argc; ++i) wanted = wanted || std::strncmp(cs.name, argv[i], std::strlen(argv[i])) == 0;
-    if (!wanted) continue;
+    if (!asked_for(cs.name, argc, argv, first_name)) continue;
     CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     std::vector<double> spans, gus, middles, dones;
     const int gu_blocks = cs.all_blocks ? sms : GU_TILES;  // the blocks that compute gate/up
@@ -694,17 +640,8 @@ int main(int argc, char** argv) {
       CHECK(cudaMemset(a.y, 0, size_t(D) * 4));
       CHECK(cudaMemset(a.bar, 0, 4));
       CHECK(cudaMemset(a.taken, 0, 4));
-      void* params[] = {&a};
-      CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(cs.kernel), dim3(sms), dim3(KT_BLOCK_THREADS), params,
-                                        smem, nullptr));
-      CHECK(cudaGetLastError());
-      CHECK(cudaDeviceSynchronize());
-      std::vector<float> y(D);
-      CHECK(cudaMemcpy(y.data(), a.y, size_t(D) * 4, cudaMemcpyDeviceToHost));
-      for (int n = 0; n < D; ++n) {
-        const double d = std::fabs(double(y[n]) - want[n]) / (scale_of[n] + 1e-30);
-        worst = std::isfinite(d) ? std::max(worst, d) : 1e30;
-      }
+      launch_study(cs.kernel, a, sms, smem);
+      worst = std::max(worst, ref.worst_error(a.y));
       std::vector<unsigned long long> t(size_t(sms) * 5);
       CHECK(cudaMemcpy(t.data(), a.times, t.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull, t1 = 0;
