@@ -126,7 +126,7 @@ __device__ void loader(const Args& a, Smem* sm) {
   }
 }
 
-// Every thread t < 128 (threads 0..127): y, as the MoE's staging reads it.
+// A consumer thread's share of y, read as the MoE's staging reads it.
 __device__ float read_y(const Args& a) {
   float any = 0;
   for (int n = int(threadIdx.x); n < D; n += THREADS) any += kt_ld_cg(a.y + n);
