@@ -1,6 +1,7 @@
 // What the dev studies built on the megakernel's own pieces share (the
 // loader ring, mk::consume_stages, mk::repack_stage, compiled with the
-// full-size defines): the consumer warps' block barriers, a counter grid
+// full-size defines): the ring's names and mbarriers, the loader and
+// consumer roles, the consumer warps' block barriers, a counter grid
 // barrier among them, random W4A16 weights in the spec's layout with the
 // spec's dequantised values for a CPU reference, host-to-device copies,
 // and the host side's version selection, launch and check.
@@ -20,12 +21,44 @@
 #include "kernels/kimi/cuda/dev/cuda_check.h"
 
 namespace study {
+using mk::FEED_GROUPS;
+using mk::FEED_WPG;
+using mk::Smem;
+using mk::Stage;
+using mk::STAGES;
+using mk::THREADS;
+using mk::TILE;
+
+// Thread 0 makes the ring's mbarriers (full: the loader's copy lands;
+// empty: a warp group's FEED_WPG warps released the slot). The caller's
+// __syncthreads then makes them visible to the block.
+__device__ void init_ring(Smem* sm) {
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < STAGES; ++i) {
+    kt_mbar_init(&sm->full[i], 1);
+    kt_mbar_init(&sm->empty[i], FEED_WPG);
+  }
+  kt_mbar_fence_init();
+}
+
+// After the block's start: the loader warpgroup gives its registers to the
+// consumers and its first thread runs `load`. True for a consumer thread.
+template <class Load>
+__device__ bool consumer_role(Load load) {
+  if (threadIdx.x >= THREADS) {
+    kt_setmaxnreg_dec<mk::kLoaderRegs>();
+    if (threadIdx.x == THREADS) load();
+    return false;
+  }
+  kt_setmaxnreg_inc<mk::kConsumerRegs>();
+  return true;
+}
 
 // The consumer warps (the first mk::THREADS threads) alone; a warp group
 // (mk::FEED_WPG warps, which share a stage) alone.
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(mk::THREADS) : "memory"); }
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
 __device__ __forceinline__ void group_sync(int group) {
-  asm volatile("bar.sync %0, %1;" ::"r"(2 + group), "n"(mk::FEED_WPG * 32) : "memory");
+  asm volatile("bar.sync %0, %1;" ::"r"(2 + group), "n"(FEED_WPG * 32) : "memory");
 }
 
 // The consumers' grid barrier, the megakernel's counter kind: round r waits

@@ -110,13 +110,6 @@
 #include "kernels/kimi/cuda/dev/megakernel_study.cuh"
 
 namespace study {
-using mk::FEED_GROUPS;
-using mk::FEED_WPG;
-using mk::Smem;
-using mk::Stage;
-using mk::STAGES;
-using mk::THREADS;
-using mk::TILE;
 using mk::WARPS;
 
 constexpr int D = mk::D, I = mk::I, G = mk::G;
@@ -348,29 +341,16 @@ __device__ void kernel_start(const Args& a, Smem* sm) {
     sm->xs_hi[i] = reinterpret_cast<const uint32_t*>(a.x)[i];
     sm->xs_lo[i] = 0;
   }
-  if (tid == 0) {
-    for (int i = 0; i < STAGES; ++i) {
-      kt_mbar_init(&sm->full[i], 1);
-      kt_mbar_init(&sm->empty[i], FEED_WPG);
-    }
-    sm->flag = 0;  // v2: the consumers are past the barrier
-    kt_mbar_fence_init();
-  }
+  if (tid == 0) sm->flag = 0;  // v2: the consumers are past the barrier
+  init_ring(sm);
   __syncthreads();
 }
 
-// kernel_start, then the roles: the loader warpgroup gives its registers
-// to the consumers and its first thread runs `load`. True for a consumer.
+// kernel_start, then the roles (consumer_role). True for a consumer.
 template <class Load>
 __device__ bool start_as_consumer(const Args& a, Smem* sm, Load load) {
   kernel_start(a, sm);
-  if (threadIdx.x >= THREADS) {
-    kt_setmaxnreg_dec<mk::kLoaderRegs>();
-    if (threadIdx.x == THREADS) load();
-    return false;
-  }
-  kt_setmaxnreg_inc<mk::kConsumerRegs>();
-  return true;
+  return consumer_role(load);
 }
 
 // v1, v2, v5 after their gate/up sums are added: the grid barrier, the

@@ -55,13 +55,6 @@
 #include "kernels/kimi/cuda/dev/megakernel_study.cuh"
 
 namespace study {
-using mk::FEED_GROUPS;
-using mk::FEED_WPG;
-using mk::Smem;
-using mk::Stage;
-using mk::STAGES;
-using mk::THREADS;
-using mk::TILE;
 
 constexpr int D = mk::D, C = mk::C, G = mk::G, KD = mk::KD;
 constexpr int DT = D / TILE;                  // o_proj's output tiles (18)
@@ -188,20 +181,9 @@ __global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) oproj_kernel(const __grid
       sm->xs_hi[i] = reinterpret_cast<const uint32_t*>(a.o + b * QUARTER)[i];
       sm->xs_lo[i] = 0;
     }
-  if (tid == 0) {
-    for (int i = 0; i < STAGES; ++i) {
-      kt_mbar_init(&sm->full[i], 1);
-      kt_mbar_init(&sm->empty[i], FEED_WPG);
-    }
-    kt_mbar_fence_init();
-  }
+  init_ring(sm);
   __syncthreads();
-  if (tid >= THREADS) {
-    kt_setmaxnreg_dec<mk::kLoaderRegs>();
-    if (tid == THREADS) loader<V>(a, sm);
-    return;
-  }
-  kt_setmaxnreg_inc<mk::kConsumerRegs>();
+  if (!consumer_role([&] { loader<V>(a, sm); })) return;
   const uint32_t bias = mk::g_bias_pair;
   if (V == kOwnPhase) {
     grid_barrier(a.bar, 1);  // after the KDA phase
