@@ -3,7 +3,8 @@
 // at every value of every knob (and the register path's own knobs), the
 // baseline, and the test variants. CI has
 // no GPU; this is how it knows the GPU code builds. Also: the knob settings
-// the space refuses before anything is built, and the knobs it treats as
+// the space refuses before anything is built (any two knobs moved together
+// judged without a crash), and the knobs it treats as
 // inert (checked against the compiler's PTX), and the flags scripts/megakernel_defines.sh
 // gives the kernels built outside the renderer.
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 
 #include "agent/evaluator.h"
 #include "base/fs.h"
+#include "base/rng.h"
 #include "kernels/kimi/templates.h"
 #include "sandbox/build_cache.h"
 #include "sandbox/process.h"
@@ -100,6 +102,13 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"feed_chunks", 8}, {"stages", 16}}).empty());
   CHECK(why_not({{"feed_chunks", 4}}).empty());
   CHECK(why_not({{"threads", 384}, {"stages", 8}, {"feed", "cp_async"}}).empty());
+  // The warps must form whole groups: 4 warps cannot share a stage 8 ways
+  // (this divided by zero groups and crashed a GPU session, 2026-12-04),
+  // nor 12 warps (the kernel's static_assert); 16 warps make 2 groups.
+  CHECK(why_not({{"threads", 128}, {"feed_chunks", 1}}).find("whole groups") != std::string::npos);
+  CHECK(why_not({{"threads", 384}, {"feed_chunks", 1}}).find("whole groups") != std::string::npos);
+  CHECK(why_not({{"threads", 512}, {"feed_chunks", 1}}).empty());
+  CHECK(why_not({{"threads", 128}, {"feed_chunks", 1}, {"feed", "cp_async"}}).empty());
   // Shared memory holds one more 32-row attention tile at one block an SM
   // (beside a ring of up to 20 stages), two more only as 16-row tiles, none
   // with two blocks an SM.
@@ -121,6 +130,42 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"stages", 0}, {"feed", "cp_async"}, {"dequant", "fma"}}).empty());
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"sched", "dynamic"}}).find("sched static") != std::string::npos);
   CHECK(why_not({{"stages", 12}, {"feed", "loader"}, {"barrier", "coop"}}).find("coop") != std::string::npos);
+}
+
+TEST_CASE("every template's knob space judges any two knobs moved together, and says why it refuses") {
+  // The search proposes random points, not only one knob away from the
+  // defaults: a constraint must hold for any combination. Every pair of
+  // values of every two knobs (the others at their defaults), then random
+  // points drawn per knob, as the search draws them.
+  Rng rng(20261204);
+  for (const variants::Template& t : kimi::templates()) {
+    const variants::KnobSpace& space = t.space;
+    const json defaults = space.defaults();
+    int judged = 0, refused = 0;
+    auto judge = [&](const json& p) {
+      std::string why;
+      const bool ok = space.valid(p, &why);
+      ++judged;
+      refused += !ok;
+      if (!ok) CHECK_MESSAGE(!why.empty(), t.name << " refuses " << p.dump() << " without a reason");
+    };
+    for (size_t a = 0; a < space.knobs.size(); ++a)
+      for (const json& va : space.knobs[a].values)
+        for (size_t b = a + 1; b < space.knobs.size(); ++b)
+          for (const json& vb : space.knobs[b].values) {
+            json p = defaults;
+            p[space.knobs[a].name] = va;
+            p[space.knobs[b].name] = vb;
+            judge(p);
+          }
+    for (int i = 0; i < 5000; ++i) {
+      json p = json::object();
+      for (const variants::Knob& k : space.knobs) p[k.name] = k.values[rng.below(k.values.size())];
+      judge(p);
+    }
+    MESSAGE(t.name << ": " << judged << " points judged, " << refused << " refused");
+    CHECK(judged > refused);
+  }
 }
 
 TEST_CASE("knobs that change nothing at a point are the same variant as their defaults") {

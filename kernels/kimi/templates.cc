@@ -254,8 +254,17 @@ KnobSpace cuda_mega_space() {
     // which tells the stage apart from the slot's fill before it only when
     // that fill was the warp's own stage (so it had landed): the ring's
     // depth a multiple of the warp groups that take the stages in turn.
+    // The consumer warps must also form whole groups: 4 warps cannot share a
+    // stage 8 ways (no group at all), nor 12 warps 8 ways (megakernel.cu's
+    // static_assert on FEED_WPG).
     if (p["feed"].get<std::string>() != "cp_async") {
-      const int groups = p["threads"].get<int>() / 32 / (8 / p["feed_chunks"].get<int>());
+      const int warps = p["threads"].get<int>() / 32, per_stage = 8 / p["feed_chunks"].get<int>();
+      if (warps % per_stage != 0) {
+        *why = "with feed bulk, next, stream or loader, the consumer warps (threads / 32) must form whole groups "
+               "of 8 / feed_chunks warps";
+        return false;
+      }
+      const int groups = warps / per_stage;
       if (p["stages"].get<int>() % groups != 0) {
         *why = "with feed bulk, next, stream or loader, stages must be a multiple of the consumer warp groups "
                "(threads / 32 / (8 / feed_chunks))";
