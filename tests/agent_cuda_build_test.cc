@@ -270,6 +270,58 @@ TEST_CASE("knobs declared inert at a point leave the compiled kernel unchanged t
   CHECK(compared >= 9);  // the defaults' unroll x3, pipeline, scales x2, gemv_code x2, early
 }
 
+TEST_CASE("the knob space refuses exactly the attention settings whose shared memory overflows (nvcc front end)") {
+  // megakernel.cu asserts that its Smem fits sm_90's 227 KB. Where the mma
+  // attention's extra tiles fit depends on the threads and the heads of a
+  // pass; the constraint must agree with the compiler. A second assertion
+  // that always fails, appended to the source, stops nvcc in its front end
+  // (~2 s a point instead of ~10), which reports every failed assertion.
+  agent::BackendSpec spec;
+  kimi::KimiConfig cfg;
+  std::string err;
+  if (!cuda_full_size(&spec, &cfg)) return;
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  const sandbox::BuildRequest cubin = spec.build_request("");
+  const std::string nvcc = cubin.command.empty() ? "" : cubin.command[0];
+  if (nvcc.size() < 4 || nvcc.compare(nvcc.size() - 4, 4, "nvcc") != 0) {
+    MESSAGE("SKIPPED (the build command is not nvcc: KTUNE_CUDA_LINK?)");
+    return;
+  }
+  sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  int refused = 0, fits = 0;
+  for (int threads : {128, 256, 384, 512})
+    for (int heads : {16, 32})
+      for (const json& attention : {json{{"attn_depth", 1}, {"attn_rows", 32}}, json{{"attn_depth", 2}, {"attn_rows", 16}}}) {
+        json p = attention;
+        p["threads"] = threads;
+        p["attn_heads"] = heads;
+        p = mega->space.complete(p);
+        if (threads == 384) p["stages"] = 6;  // 3 warp groups (the ring's own constraint)
+        std::string why;
+        const bool valid = mega->space.valid(p, &why);
+        auto defines = kimi::config_defines(cfg);
+        for (auto& [k, v] : variants::knob_defines(mega->space, p)) defines[k] = v;
+        std::string src;
+        REQUIRE(variants::render_source(defines, *variants::embedded_file(mega->file), &src, &err));
+        sandbox::BuildRequest r = cubin;
+        r.source = src + "\nstatic_assert(sizeof(mk::Smem) == 0, \"the front end's end\");\n";
+        r.artifact_name = "variant.cu.cpp.ii";
+        r.command = {nvcc, "-arch=sm_90a", "-std=c++17", "-cuda", "-o", "{out}", "{src}"};
+        const sandbox::BuildResult b = cache.build(r);
+        const bool overflows = b.log.find("shared memory: Smem exceeds") != std::string::npos;
+        size_t errors = 0;
+        for (size_t at = b.log.find("error"); at != std::string::npos; at = b.log.find("error", at + 1)) ++errors;
+        INFO(p.dump() << ": " << (valid ? "valid" : why) << "\n" << b.log.substr(0, 1500));
+        REQUIRE(b.log.find("the front end's end") != std::string::npos);
+        CHECK(errors == (overflows ? 3u : 2u));  // each failed assertion and the count line: no other error
+        CHECK(valid == !overflows);
+        (valid ? fits : refused) += 1;
+      }
+  MESSAGE(fits << " attention settings fit, " << refused << " refused as the compiler does");
+  CHECK(fits >= 4);
+  CHECK(refused >= 2);
+}
+
 TEST_CASE("all CUDA kernels compile for sm_90a") {
   agent::BackendSpec spec;
   kimi::KimiConfig cfg;

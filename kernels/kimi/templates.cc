@@ -239,6 +239,18 @@ KnobSpace cuda_mega_space() {
       *why = "attn_depth > 0 needs blocks_per_sm 1, and attn_depth 2 needs attn_rows 16 (shared memory)";
       return false;
     }
+    // One more 32-row tile fits only beside small partial scores (AttMma's
+    // part: the warps that split the latent dims x the heads of a pass):
+    // 16 such warps at 512 threads, or passes of 32 heads where 8 warps'
+    // registers hold them (256 threads and attn_heads 32), take 247-251 KB
+    // (measured with the compiler's front end; megakernel.cu's static_assert
+    // on Smem catches what this misses).
+    if (p["attn"].get<std::string>() == "mma" && p["attn_depth"].get<int>() == 1 && p["attn_rows"].get<int>() == 32 &&
+        (p["threads"].get<int>() == 512 || (p["threads"].get<int>() == 256 && p["attn_heads"].get<int>() == 32))) {
+      *why = "attn_depth 1 with attn_rows 32 overflows shared memory at threads 512, and at threads 256 with "
+             "attn_heads 32";
+      return false;
+    }
     // attn_chains 2 puts the queries' lo part in a chain of its own; with one part there is none.
     if (p["attn"].get<std::string>() == "mma" && p["attn_parts"].get<int>() == 1 && p["attn_chains"].get<int>() == 2) {
       *why = "attn_chains 2 needs attn_parts 2 (a chain for the queries' lo part)";

@@ -472,6 +472,12 @@ struct alignas(16) Smem {
   alignas(128) unsigned char pipe[kPipeBytes];  // GEMV stages or attention row tiles (128-byte aligned for bulk copies)
   alignas(16) uint16_t gscale[kScaleGroups][2][TILE];  // KT_SCALES 1: an item's scales and zeros
 };
+// sm_90 gives a block at most 227 KB of shared memory, and an SM 228 KB of
+// which each resident block's system use takes 1 KB: a point past either
+// fails here, in the compiler's front end, rather than at its first launch
+// (the knobs' constraint refuses the known ones before any build).
+static_assert(sizeof(Smem) <= 227 * 1024 && KT_BLOCKS_PER_SM * (sizeof(Smem) + 1024) <= 228 * 1024,
+              "shared memory: Smem exceeds what sm_90 gives a block (the ring, attention tiles or heads too large)");
 
 struct Ctx {
   const KimiDeviceArgs& a;
