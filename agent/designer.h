@@ -57,6 +57,7 @@ struct Proposal {
   std::string rendered;       // non-empty: the complete translation unit, used verbatim (replays)
   std::string origin;         // "search", "llm", "replay", ...
   std::string rationale;
+  std::string parent;         // the variant id it was derived from; empty: the session's best when it is built
 };
 
 class Designer {

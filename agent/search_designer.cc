@@ -27,23 +27,37 @@ class SearchDesigner : public Designer {
     const variants::KnobSpace& space = ctx.megakernel->space;
     Rng rng(ctx.seed ^ (0x5eedull * (ctx.history.size() + 1)));
     std::set<std::string> taken = ctx.measured;
-    auto try_add = [&](const json& knobs, const std::string& why) {
+    // Ids measured before or proposed now: the variants a proposal may name
+    // as its parent (the store holds them by the time it is built).
+    std::set<std::string> recorded = ctx.measured;
+    auto try_add = [&](const json& knobs, const std::string& why, const std::string& parent) {
       std::string reason;
       if (int(out->size()) >= max || !space.valid(knobs, &reason) || banned(space, knobs)) return;
       std::string id = ctx.variant_id(knobs, "");
       if (id.empty() || !taken.insert(id).second) return;
+      recorded.insert(id);
       Proposal p;
       p.knobs = knobs;
       p.origin = "search";
       p.rationale = why;
+      p.parent = parent;
       out->push_back(p);
     };
     learn(ctx);
-    try_add(space.defaults(), "the template's default knobs (the hand-tuned starting point)");
-    // Neighbours of the best megakernel variant.
+    try_add(space.defaults(), "the template's default knobs (the hand-tuned starting point)", "");
+    // Neighbours of the best megakernel variant, or of the defaults while
+    // the best is of another template (the baseline). That base is the
+    // parent of every point below (the random ones too: their knob changes
+    // then read against it).
     json base = space.defaults();
-    if (ctx.best && ctx.best->template_name == ctx.megakernel->name && ctx.best->knobs.is_object())
+    std::string base_id, base_name = "the defaults";
+    if (ctx.best && ctx.best->template_name == ctx.megakernel->name && ctx.best->knobs.is_object()) {
       base = space.complete(ctx.best->knobs);
+      base_id = ctx.best->variant;
+      base_name = "the best";
+    } else if (std::string id = ctx.variant_id(base, ""); recorded.count(id)) {
+      base_id = id;
+    }
     std::vector<json> neighbours;
     for (const auto& k : space.knobs) {
       auto it = std::find(k.values.begin(), k.values.end(), base[k.name]);
@@ -66,9 +80,9 @@ class SearchDesigner : public Designer {
         std::string moved;
         for (auto& [k, v] : n.items())
           if (v != base[k]) moved = k + " " + base[k].dump() + " -> " + v.dump();
-        try_add(n, "neighbour of the best: " + moved);
+        try_add(n, "neighbour of " + base_name + ": " + moved, base_id);
       } else {
-        try_add(random_point(space, rng), "exploration: a random point weighted by what worked so far");
+        try_add(random_point(space, rng), "exploration: a random point weighted by what worked so far", base_id);
       }
     }
     (void)err;

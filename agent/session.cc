@@ -330,7 +330,10 @@ class Session {
       measured_.insert(v.id);
       v.origin = p.origin;
       v.rationale = p.rationale;
-      v.parent = best_ ? best_->variant : "";
+      // The designer's own parent where it names one (a neighbour of the
+      // template's defaults while the baseline is the best), so a variant's
+      // knob changes read from what it was derived from.
+      v.parent = !p.parent.empty() ? p.parent : best_ ? best_->variant : "";
       sandbox::BuildRequest req = spec_.build_request(v.source);
       sandbox::BuildCache* cache = builds_.get();
       jobs.push_back({v, std::async(std::launch::async, [this, cache, req] {

@@ -131,6 +131,31 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
       if (a.decision == "accepted" && a.purpose == "candidate") CHECK_MESSAGE(retimed_in.count(a.seq), "attempt " << a.seq);
   }
 
+  // Each neighbour names the variant it was moved from as its parent: the
+  // same template, one knob apart (the defaults while the baseline was the
+  // best, not the baseline, so `show` and `replay` list the one knob moved).
+  {
+    traces::Store store;
+    std::string err;
+    REQUIRE(store.open(db, &err));
+    int neighbours = 0, of_defaults = 0;
+    for (auto& a : rows) {
+      traces::VariantRow v, parent;
+      REQUIRE_MESSAGE(store.variant(a.variant, &v, &err), err);
+      if (v.rationale.rfind("neighbour of ", 0) != 0) continue;
+      ++neighbours;
+      INFO("attempt " << a.seq << ": " << v.rationale);
+      REQUIRE_MESSAGE(store.variant(v.parent, &parent, &err), err);
+      CHECK(parent.template_name == v.template_name);
+      int moved = 0;
+      for (auto& [k, value] : v.knobs.items()) moved += parent.knobs.value(k, json()) != value;
+      CHECK(moved == 1);
+      of_defaults += parent.rationale.rfind("the template's default knobs", 0) == 0;
+    }
+    CHECK(neighbours >= 1);
+    CHECK(of_defaults >= 1);
+  }
+
   // history, show, compare answer from the same database.
   CHECK(run_ktune({"history", "--db", db}, 30, dir.path).out.find("kimi-linear") != std::string::npos);
   CHECK(run_ktune({"show", "--db", db, rows.back().variant.substr(0, 10)}, 30, dir.path).exit_code == 0);

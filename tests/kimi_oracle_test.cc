@@ -1,13 +1,16 @@
 // The C++ oracle against the golden vectors of the independent
 // implementation: every case and step, every output, cosine >= 0.9999 and
-// the same experts.
+// the same experts. And its MLA attention, which is computed in blocks of
+// rows and heads for speed, against the spec's form written out row by row.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 
 #include "base/bf16.h"
 #include "kernels/kimi/golden.h"
+#include "kernels/kimi/oracle.h"
 
 using namespace ktune;
 using namespace ktune::kimi;
@@ -53,6 +56,72 @@ void check_file(const std::string& name) {
 
 TEST_CASE("oracle reproduces golden kimi-tiny") { check_file("kimi-tiny.safetensors"); }
 TEST_CASE("oracle reproduces golden kimi-top8") { check_file("kimi-top8.safetensors"); }
+
+TEST_CASE("the oracle's MLA attention is the spec's form computed row by row") {
+  // The spec's form: every cached row's c_kv through kv_b (k_nope and v
+  // rounded to bf16), scores with the roped q, softmax over all rows, o
+  // rounded to bf16. Written here plainly (two passes, no blocks); the
+  // oracle's online softmax may round the last bits of a sum differently,
+  // so o may differ by one bf16 ulp in a rare element, never more.
+  KimiConfig cfg;
+  std::string err;
+  REQUIRE(KimiConfig::preset("tiny", &cfg, &err));
+  KimiWeights w;
+  REQUIRE_MESSAGE(load_weights(cfg, 1, &w, &err), err);
+  int m = 0;
+  while (m < cfg.layers() && cfg.is_kda(m)) ++m;
+  REQUIRE(m < cfg.layers());
+  const QLinear& B = w.layers[m].mla.kv_b;
+  const int H = cfg.mla_heads, NOPE = cfg.qk_nope, ROPE = cfg.qk_rope, QH = NOPE + ROPE, R = cfg.kv_lora,
+            V = cfg.v_head, HD = NOPE + V;
+  for (int context : {0, 5, 97}) {
+    KimiState st = make_state(cfg, 11, context);
+    std::vector<uint16_t> token = make_token(cfg, 11);
+    OracleTrace trace;
+    StepOutput out;
+    oracle_step(w, &st, token.data(), &out, &trace);
+    const std::string L = "L" + std::to_string(m) + ".";
+    const std::vector<float>& q = trace[L + "q_roped"];
+    const std::vector<float>& o = trace[L + "o"];
+    REQUIRE(q.size() == size_t(H) * QH);
+    REQUIRE(o.size() == size_t(H) * V);
+    const LayerState& S = st.layers[m];
+    const int rows = context + 1;  // the step's own row appended
+    std::vector<double> kvb(size_t(rows) * B.N);
+    for (int t = 0; t < rows; ++t)
+      for (int n = 0; n < B.N; ++n) {
+        double acc = 0;
+        for (int r = 0; r < R; ++r) acc += double(bf16_to_float(S.c_kv[size_t(t) * R + r])) * w4_weight(B, r, n);
+        kvb[size_t(t) * B.N + n] = round_bf16(acc);
+      }
+    int equal = 0, within_ulp = 0;
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> s(rows);
+      double mx = -INFINITY, l = 0;
+      for (int t = 0; t < rows; ++t) {
+        const double* kn = &kvb[size_t(t) * B.N + size_t(h) * HD];
+        double dot = 0;
+        for (int d = 0; d < NOPE; ++d) dot += q[size_t(h) * QH + d] * kn[d];
+        for (int j = 0; j < ROPE; ++j)
+          dot += q[size_t(h) * QH + NOPE + j] * double(bf16_to_float(S.k_rope[size_t(t) * ROPE + j]));
+        s[t] = dot / std::sqrt(double(QH));
+        mx = std::max(mx, s[t]);
+      }
+      for (int t = 0; t < rows; ++t) l += std::exp(s[t] - mx);
+      for (int d = 0; d < V; ++d) {
+        double acc = 0;
+        for (int t = 0; t < rows; ++t) acc += std::exp(s[t] - mx) * kvb[size_t(t) * B.N + size_t(h) * HD + NOPE + d];
+        const double want = round_bf16(acc / l), got = o[size_t(h) * V + d];
+        const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want), 1e-30)) - 7);
+        equal += got == want;
+        within_ulp += std::fabs(got - want) <= ulp;
+      }
+    }
+    INFO("context " << context << ": " << equal << " of " << H * V << " equal");
+    CHECK(within_ulp == H * V);
+    CHECK(equal >= H * V * 99 / 100);
+  }
+}
 
 TEST_CASE("bf16 rounding is round-to-nearest-even") {
   CHECK(float_to_bf16(1.0f) == 0x3f80);

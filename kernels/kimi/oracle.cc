@@ -194,6 +194,50 @@ void rope(double* x, int n, int pos, double theta) {
   }
 }
 
+// kvb[i][n] = sum over r = 0..R-1, in that order, of c[i][r] * w[r][n], for
+// kExpandRows rows i of c and the n_panels * 8 columns of w, stored in
+// panels of 8 columns: panel p holds w[r][8p..8p+7] for r = 0..R-1, one
+// after another (so each panel is read straight through, 16 KB at full
+// size, where rows of w 32 KB apart thrashed the caches' sets). Each product
+// of two bf16 values is exact in double, so a fused multiply-add rounds as
+// a multiply and an add would: the AVX2 + FMA build of this body gives the
+// same sums as the plain one. The sums stay in registers over r: kVecs
+// vectors of four columns for each row (GCC's vector extension), one pass
+// over a panel with AVX2 (8 registers), two passes of 4 with SSE2's 16.
+constexpr int kExpandRows = 4, kPanel = 8;
+typedef double Double4 __attribute__((vector_size(32)));
+template <int kVecs>
+[[gnu::always_inline]] inline void expand_rows_body(const double* c, int R, const float* w, int n_panels, double* kvb) {
+  for (int p = 0; p < n_panels; ++p)
+    for (int col = 0; col < kPanel; col += 4 * kVecs) {
+      const float* wp = w + size_t(p) * R * kPanel + col;
+      Double4 acc[kExpandRows][kVecs] = {};
+      for (int r = 0; r < R; ++r) {
+        const float* wr = wp + size_t(r) * kPanel;
+        Double4 wv[kVecs];
+        for (int v = 0; v < kVecs; ++v) wv[v] = Double4{wr[4 * v], wr[4 * v + 1], wr[4 * v + 2], wr[4 * v + 3]};
+        for (int i = 0; i < kExpandRows; ++i) {
+          const double ci = c[size_t(i) * R + r];
+          for (int v = 0; v < kVecs; ++v) acc[i][v] += ci * wv[v];
+        }
+      }
+      for (int i = 0; i < kExpandRows; ++i)
+        for (int j = 0; j < 4 * kVecs; ++j)
+          kvb[size_t(i) * n_panels * kPanel + size_t(p) * kPanel + col + j] = acc[i][j / 4][j % 4];
+    }
+}
+__attribute__((target("avx2,fma"))) void expand_rows_avx2(const double* c, int R, const float* w, int n_panels,
+                                                           double* kvb) {
+  expand_rows_body<2>(c, R, w, n_panels, kvb);
+}
+void expand_rows(const double* c, int R, const float* w, int n_panels, double* kvb) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2)
+    expand_rows_avx2(c, R, w, n_panels, kvb);
+  else
+    expand_rows_body<1>(c, R, w, n_panels, kvb);
+}
+
 Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos, const Vec& xn, const Tracer& tr,
               std::vector<uint16_t>* ckv_row, std::vector<uint16_t>* krope_row, std::vector<uint16_t>* o_out) {
   const int H = c.mla_heads, NOPE = c.qk_nope, ROPE = c.qk_rope, QH = NOPE + ROPE, R = c.kv_lora, V = c.v_head;
@@ -217,12 +261,23 @@ Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos,
   // (a W4A16 linear, so k_nope and v are rounded to bf16), then softmax
   // attention per head. Streamed over t with an online softmax, in parallel
   // chunks of rows, so long contexts need no [rows, H*(NOPE+V)] buffer.
+  // Within a chunk, head by head: the head's slice of kv_b (R x HD floats,
+  // 512 KB at full size) stays in cache for all the chunk's rows, where the
+  // whole kv_b (16 MB) streamed from memory for each row before (most of a
+  // session's validation time). Each head's softmax sees its rows in the
+  // same order as before, and each k_nope and v value is the same sum in
+  // the same order, so the result is the same, bit for bit.
   const QLinear& B = W.kv_b;  // [R, H*(NOPE+V)]
-  const int HN = B.N, HD = NOPE + V;
-  std::vector<float> wkvb(size_t(R) * HN);
-  parallel_for(R, [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r)
-      for (int n = 0; n < HN; ++n) wkvb[r * HN + n] = w4_weight(B, int(r), n);
+  const int HD = NOPE + V, panels = (HD + kPanel - 1) / kPanel, HDP = panels * kPanel;
+  // kv_b dequantized, head by head in panels (expand_rows), zeros past HD.
+  std::vector<float> wkvb(size_t(H) * HDP * R, 0.0f);
+  parallel_for(size_t(H) * panels, [&](size_t b, size_t e) {
+    for (size_t hp = b; hp < e; ++hp) {
+      const int h = int(hp / panels), col = int(hp % panels) * kPanel;
+      float* out = &wkvb[hp * R * kPanel];
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < kPanel && col + j < HD; ++j) out[size_t(r) * kPanel + j] = w4_weight(B, r, h * HD + col + j);
+    }
   });
   const double scale = 1.0 / std::sqrt(double(QH));
   struct Partial {
@@ -232,32 +287,35 @@ Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos,
   size_t per = (rows + chunks - 1) / chunks;
   std::vector<Partial> parts(chunks);
   parallel_for(chunks, [&](size_t c0, size_t c1) {
-    std::vector<double> kvb(HN);
+    std::vector<double> ct(size_t(kExpandRows) * R), kvb(size_t(kExpandRows) * HDP);
     for (size_t ci = c0; ci < c1; ++ci) {
       Partial& P = parts[ci];
       P.m.assign(H, -INFINITY);
       P.l.assign(H, 0.0);
       P.acc.assign(size_t(H) * V, 0.0);
-      for (size_t t = ci * per; t < std::min(rows, (ci + 1) * per); ++t) {
-        std::fill(kvb.begin(), kvb.end(), 0.0);
-        for (int r = 0; r < R; ++r) {
-          double cr = bf16_to_float(st.c_kv[t * R + r]);
-          const float* wr = &wkvb[size_t(r) * HN];
-          for (int n = 0; n < HN; ++n) kvb[n] += cr * wr[n];
-        }
-        for (int n = 0; n < HN; ++n) kvb[n] = round_bf16(kvb[n]);
-        for (int h = 0; h < H; ++h) {
-          const double* qn = &q[size_t(h) * QH];
-          const double* kn = &kvb[size_t(h) * HD];
-          double s = 0;
-          for (int d = 0; d < NOPE; ++d) s += qn[d] * kn[d];
-          for (int i = 0; i < ROPE; ++i) s += qn[NOPE + i] * bf16_to_float(st.k_rope[t * ROPE + i]);
-          s *= scale;
-          double m = std::max(P.m[h], s);
-          double corr = std::exp(P.m[h] - m), p = std::exp(s - m);
-          P.l[h] = P.l[h] * corr + p;
-          for (int d = 0; d < V; ++d) P.acc[size_t(h) * V + d] = P.acc[size_t(h) * V + d] * corr + p * kn[NOPE + d];
-          P.m[h] = m;
+      const size_t t_end = std::min(rows, (ci + 1) * per);
+      for (int h = 0; h < H; ++h) {
+        const double* qn = &q[size_t(h) * QH];
+        for (size_t t0 = ci * per; t0 < t_end; t0 += kExpandRows) {
+          const int n_rows = int(std::min<size_t>(kExpandRows, t_end - t0));
+          for (int i = 0; i < kExpandRows; ++i)  // rows past the chunk's end: zeros, not used
+            for (int r = 0; r < R; ++r)
+              ct[size_t(i) * R + r] = i < n_rows ? bf16_to_float(st.c_kv[(t0 + i) * R + r]) : 0.0;
+          expand_rows(ct.data(), R, &wkvb[size_t(h) * HDP * R], panels, kvb.data());
+          for (int i = 0; i < n_rows; ++i) {
+            const size_t t = t0 + i;
+            double* kn = &kvb[size_t(i) * HDP];
+            for (int n = 0; n < HD; ++n) kn[n] = round_bf16(kn[n]);
+            double s = 0;
+            for (int d = 0; d < NOPE; ++d) s += qn[d] * kn[d];
+            for (int j = 0; j < ROPE; ++j) s += qn[NOPE + j] * bf16_to_float(st.k_rope[t * ROPE + j]);
+            s *= scale;
+            double m = std::max(P.m[h], s);
+            double corr = std::exp(P.m[h] - m), p = std::exp(s - m);
+            P.l[h] = P.l[h] * corr + p;
+            for (int d = 0; d < V; ++d) P.acc[size_t(h) * V + d] = P.acc[size_t(h) * V + d] * corr + p * kn[NOPE + d];
+            P.m[h] = m;
+          }
         }
       }
     }
@@ -340,7 +398,9 @@ void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, 
   out->krope_row.assign(c.layers(), {});
   out->attn_out.assign(c.layers(), {});
   for (int i = 0; i < c.layers(); ++i) {
-    Tracer tr{trace, "L" + std::to_string(i) + "."};
+    std::string prefix = "L";  // appended, not "L" + ... (GCC 12 warns of a false overlap there)
+    prefix += std::to_string(i) + ".";
+    Tracer tr{trace, prefix};
     const LayerWeights& L = w.layers[i];
     Vec xn = rms_norm(x, L.attn_norm, c.rms_eps);
     tr.put("xn", xn);

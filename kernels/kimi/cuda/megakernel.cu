@@ -208,8 +208,8 @@ constexpr int THREADS = KT_THREADS, WARPS = THREADS / 32;
 constexpr int TILE = 128, CHUNK = 16;
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
-constexpr int PRED_K = cmax(C, MO);  // KT_PREDICT: where a prediction table's x part starts (predict_tables)
-constexpr int kPredParts = 6;        // KT_PREDICT: warps' parts summed into each prediction (predictor_main)
+[[maybe_unused]] constexpr int PRED_K = cmax(C, MO);  // KT_PREDICT: where a prediction table's x part starts (predict_tables)
+[[maybe_unused]] constexpr int kPredParts = 6;  // KT_PREDICT: warps' parts summed into each prediction (predictor_main)
 constexpr int KMAX = cmax(cmax(D, C), cmax(cmax(MO, SLOTS * I), R));
 constexpr int HG = KT_ATTN_HEADS < MH ? KT_ATTN_HEADS : MH;  // heads per attention item
 constexpr int kMaxTiles = 1024, kMaxItems = 4096, kMaxChunks = 512;
@@ -418,7 +418,9 @@ constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGE
                                 KT_ATTN == 1 ? int(sizeof(AttMma)) : 0);
 
 // ---- per-block shared memory ------------------------------------------------------
-struct alignas(16) Smem {
+// 128-byte aligned as its `pipe` member is (an alignas(16) here was a
+// reduction the compiler ignored, with a warning).
+struct alignas(128) Smem {
   uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
   uint32_t xs_lo[KMAX / 2];  // the rest of an fp32 input (x - hi), zero for bf16 inputs
   float red[WARPS][TILE];
