@@ -26,16 +26,15 @@ class SearchDesigner : public Designer {
   bool propose(const DesignContext& ctx, int max, std::vector<Proposal>* out, std::string* err) override {
     const variants::KnobSpace& space = ctx.megakernel->space;
     Rng rng(ctx.seed ^ (0x5eedull * (ctx.history.size() + 1)));
+    // Ids measured before or proposed now: not proposed again, and the
+    // variants a proposal may name as its parent (the store holds them by
+    // the time it is built).
     std::set<std::string> taken = ctx.measured;
-    // Ids measured before or proposed now: the variants a proposal may name
-    // as its parent (the store holds them by the time it is built).
-    std::set<std::string> recorded = ctx.measured;
     auto try_add = [&](const json& knobs, const std::string& why, const std::string& parent) {
       std::string reason;
       if (int(out->size()) >= max || !space.valid(knobs, &reason) || banned(space, knobs)) return;
       std::string id = ctx.variant_id(knobs, "");
       if (id.empty() || !taken.insert(id).second) return;
-      recorded.insert(id);
       Proposal p;
       p.knobs = knobs;
       p.origin = "search";
@@ -55,7 +54,7 @@ class SearchDesigner : public Designer {
       base = space.complete(ctx.best->knobs);
       base_id = ctx.best->variant;
       base_name = "the best";
-    } else if (std::string id = ctx.variant_id(base, ""); recorded.count(id)) {
+    } else if (std::string id = ctx.variant_id(base, ""); taken.count(id)) {
       base_id = id;
     }
     std::vector<json> neighbours;

@@ -96,7 +96,7 @@ TEST_CASE("the oracle's MLA attention is the spec's form computed row by row") {
       }
     int equal = 0, within_ulp = 0;
     for (int h = 0; h < H; ++h) {
-      std::vector<double> s(rows);
+      std::vector<double> s(rows), p(rows);
       double mx = -INFINITY, l = 0;
       for (int t = 0; t < rows; ++t) {
         const double* kn = &kvb[size_t(t) * B.N + size_t(h) * HD];
@@ -107,10 +107,10 @@ TEST_CASE("the oracle's MLA attention is the spec's form computed row by row") {
         s[t] = dot / std::sqrt(double(QH));
         mx = std::max(mx, s[t]);
       }
-      for (int t = 0; t < rows; ++t) l += std::exp(s[t] - mx);
+      for (int t = 0; t < rows; ++t) l += (p[t] = std::exp(s[t] - mx));
       for (int d = 0; d < V; ++d) {
         double acc = 0;
-        for (int t = 0; t < rows; ++t) acc += std::exp(s[t] - mx) * kvb[size_t(t) * B.N + size_t(h) * HD + NOPE + d];
+        for (int t = 0; t < rows; ++t) acc += p[t] * kvb[size_t(t) * B.N + size_t(h) * HD + NOPE + d];
         const double want = round_bf16(acc / l), got = o[size_t(h) * V + d];
         const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want), 1e-30)) - 7);
         equal += got == want;
