@@ -427,6 +427,69 @@ int run_probe(const std::string& backend, const std::string& size, const std::st
   return 0;
 }
 
+bool bench_cases(const BenchOptions& o, const kimi::KimiConfig& cfg, std::vector<std::pair<int, int>>* out,
+                 std::string* err) {
+  std::vector<std::pair<int, int>> once = o.cases;
+  if (once.empty()) {
+    // By default at every context a session validates at and every timed one.
+    std::set<int> at(o.contexts.begin(), o.contexts.end());
+    if (at.empty()) {
+      at.insert(cfg.validate_contexts.begin(), cfg.validate_contexts.end());
+      for (auto [ctx, steps] : cfg.timed_contexts) at.insert(ctx);
+    }
+    for (int s = 1; s <= o.seeds; ++s)
+      for (int ctx : at) once.push_back({1000 + s, ctx});
+  }
+  for (auto [seed, ctx] : once)
+    if (ctx < 0 || ctx >= cfg.max_context()) {
+      *err = "context " + std::to_string(ctx) + " is outside the " + cfg.name + " config's cache (0.." +
+             std::to_string(cfg.max_context() - 1) + ")";
+      return false;
+    }
+  if (once.empty() || o.repeat < 1) {
+    *err = "no validation cases (--seeds, --case or --repeat below 1)";
+    return false;
+  }
+  out->clear();
+  for (int k = 0; k < o.repeat; ++k) out->insert(out->end(), once.begin(), once.end());
+  return true;
+}
+
+namespace {
+
+// How many cases failed and which: every failing case when there are few,
+// and how often each (seed, context) failed, so an intermittent answer (some
+// repeats of a case pass) reads apart from a steady one.
+void print_case_summary(const Measurement& m) {
+  int mism = 0, failed = 0;
+  std::map<std::pair<int, int>, std::pair<int, int>> tally;  // (seed, context) -> (failed, runs)
+  for (const measure::CaseCheck& c : m.cases) {
+    mism += !c.experts_match;
+    failed += !c.passed;
+    auto& t = tally[{c.seed, c.context}];
+    t.first += !c.passed;
+    ++t.second;
+  }
+  std::printf("  cases with other experts than the oracle: %d; failed: %d of %zu\n", mism, failed, m.cases.size());
+  int shown = 0;
+  for (const measure::CaseCheck& c : m.cases) {
+    if (c.passed && c.experts_match) continue;
+    if (++shown > 12) {
+      std::printf("  ...\n");
+      break;
+    }
+    // A failure that a routing note explains already ends with the note.
+    const bool noted = c.routing_note.empty() || c.failure.find(c.routing_note) != std::string::npos;
+    std::printf("  seed %d context %d: %s%s%s\n", c.seed, c.context, c.passed ? "passed" : c.failure.c_str(),
+                noted ? "" : "; ", noted ? "" : c.routing_note.c_str());
+  }
+  for (const auto& [key, t] : tally)
+    if (t.second > 1 && t.first > 0)
+      std::printf("  seed %d context %d failed %d of %d runs\n", key.first, key.second, t.first, t.second);
+}
+
+}  // namespace
+
 int run_bench(const BenchOptions& o) {
   Bench b;
   std::string err;
@@ -495,12 +558,11 @@ int run_bench(const BenchOptions& o) {
   measure::Gate gate;
   Evaluator ev(b.weights, b.spec, b.runner, *b.oracle, join_path(b.workdir, "runner"), gate, b.spec.step_timeout_s);
   ev.keep_oracle_answers(true);
-  // Validated at every context a session validates at and every timed one.
-  std::set<int> validate_at(b.cfg.validate_contexts.begin(), b.cfg.validate_contexts.end());
-  for (auto [ctx, steps] : b.cfg.timed_contexts) validate_at.insert(ctx);
   std::vector<std::pair<int, int>> cases;
-  for (int s = 1; s <= o.seeds; ++s)
-    for (int ctx : validate_at) cases.push_back({1000 + s, ctx});
+  if (!bench_cases(o, b.cfg, &cases, &err)) {
+    std::fprintf(stderr, "ktune bench: %s\n", err.c_str());
+    return 1;
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
     sandbox::BuildResult br = builds[i].get();
@@ -512,22 +574,22 @@ int run_bench(const BenchOptions& o) {
     }
     r.artifact = br.artifact;
     r.ok = ev.load(br.artifact, &r.m) && ev.validate(cases, r.v.max_launches, &r.m) &&
-           (o.rounds > 1 || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m, kBackToBackSteps));
+           (o.rounds > 1 || !o.timing || ev.time(b.cfg.timed_contexts, b.spec.warmup, b.spec.samples, &r.m, kBackToBackSteps));
     std::printf("  %s%s%s; launches/step %d (declared %d); validate %.1f s, ", r.m.outcome.c_str(),
                 r.m.error.empty() ? "" : ": ", r.m.error.c_str(), r.m.launches, r.m.declared_launches, r.m.validate_s);
-    if (o.rounds > 1)
+    if (!o.timing)
+      std::printf("not timed (--validate-only)\n");
+    else if (o.rounds > 1)
       std::printf("timed in rounds once every variant is validated\n");
     else
       std::printf("time %.1f s\n", r.m.time_s);
     std::printf("  worst cosine over %zu cases: %s\n", r.m.cases.size(),
                 worst_of(r.m, "cosine", Worst::Lowest).dump().c_str());
     std::printf("  worst relative L2 error: %s\n", worst_of(r.m, "rel_l2", Worst::Highest).dump().c_str());
-    int mism = 0;
-    for (auto& c : r.m.cases) mism += !c.experts_match;
-    std::printf("  cases with other experts than the oracle: %d\n", mism);
+    print_case_summary(r.m);
   }
 
-  if (o.rounds > 1) time_in_rounds(ev, b.cfg, b.spec, o.rounds, &rows);
+  if (o.timing && o.rounds > 1) time_in_rounds(ev, b.cfg, b.spec, o.rounds, &rows);
 
   // The table: one row per context, everything from this run.
   json results = {{"probes", probes}, {"facts", b.runner.facts()}, {"bandwidth_gb_s", bw}, {"rows", json::array()},
@@ -538,6 +600,20 @@ int run_bench(const BenchOptions& o) {
                                    {"worst_cosine", worst_of(r.m, "cosine", Worst::Lowest)},
                                    {"worst_rel_l2", worst_of(r.m, "rel_l2", Worst::Highest)},
                                    {"timings", r.m.timings}});
+  if (!o.timing) {  // --validate-only: each case's check instead of the table
+    bool all_ok = true;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      json cases = json::array();
+      for (const measure::CaseCheck& c : rows[i].m.cases) cases.push_back(c.to_json());
+      results["variants"][i]["cases"] = cases;
+      all_ok = all_ok && rows[i].ok;
+    }
+    std::string e;
+    if (!o.json_out.empty() && !write_file_atomic(o.json_out, results.dump(2), &e))
+      std::fprintf(stderr, "ktune bench: %s\n", e.c_str());
+    b.runner.stop();
+    return all_ok ? 0 : 2;
+  }
   const Row* base = o.with_baseline ? &rows[0] : nullptr;
   const Row& m = rows[o.with_baseline ? 1 : 0];
   std::printf("\n%-8s %14s %14s %10s %9s %9s %14s\n", "context", "baseline us", "megakernel us", "floor us",

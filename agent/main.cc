@@ -225,6 +225,15 @@ int main(int argc, char** argv) {
   bench->add_option("--variant", bo.variant, "benchmark this recorded variant (id, prefix, or best)");
   bench->add_option("--samples", bo.samples, "timing samples per context");
   bench->add_option("--seeds", bo.seeds, "validation seeds per context")->default_val(3);
+  std::vector<std::string> case_texts;
+  bench->add_option("--case", case_texts,
+                    "validate at exactly this case, SEED:CONTEXT (repeatable; instead of --seeds and --contexts)");
+  bench->add_option("--contexts", bo.contexts, "validate at these contexts (default: the session's and the timed ones)")
+      ->delimiter(',');
+  bench->add_option("--repeat", bo.repeat, "validate each case this many times (an intermittent answer shows)")
+      ->default_val(1)
+      ->check(CLI::Range(1, 1000));
+  bench->add_flag("!--validate-only", bo.timing, "validate, then stop (no timing, table or profiles)");
   bench->add_option("--json", bo.json_out, "also write the results as JSON");
   bench->add_flag("!--no-baseline", bo.with_baseline, "skip the baseline");
   bench->add_option("--rounds", bo.rounds,
@@ -239,6 +248,13 @@ int main(int argc, char** argv) {
       json k = json::parse(text, nullptr, false);
       if (k.is_discarded() || !k.is_object()) throw CLI::ValidationError("--knobs", "not a JSON object: " + text);
       bo.knob_sets.push_back(k);
+    }
+    for (const std::string& text : case_texts) {
+      int seed = 0, context = 0;
+      char tail = 0;
+      if (std::sscanf(text.c_str(), "%d:%d%c", &seed, &context, &tail) != 2)
+        throw CLI::ValidationError("--case", "expected SEED:CONTEXT, got '" + text + "'");
+      bo.cases.push_back({seed, context});
     }
     rc = agent::run_bench(bo);
   });

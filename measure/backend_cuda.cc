@@ -178,7 +178,8 @@ class CudaBackend : public RunnerBackend {
     // again on the new weights, as abi.h promises.
     return alloc(&x_[0], cfg_.hidden, err) && alloc(&x_[1], cfg_.hidden, err) &&
            alloc(&topk_, size_t(cfg_.layers()) * cfg_.n_active, err) &&
-           alloc(&attn_out_, size_t(cfg_.layers()) * cfg_.attn_out_stride(), err) && (!module_ || reset_scratch(err));
+           alloc(&attn_out_, size_t(cfg_.layers()) * cfg_.attn_out_stride(), err) &&
+           alloc(&logits_, size_t(cfg_.layers()) * cfg_.n_experts, err) && (!module_ || reset_scratch(err));
   }
 
   bool load(const std::string& artifact, std::string* err) override {
@@ -233,7 +234,8 @@ class CudaBackend : public RunnerBackend {
     return put(x_[0], token, err) &&
            check(cudaMemset(x_[1], kPoisonByte, size_t(cfg_.hidden) * 2), "poison", err) &&
            check(cudaMemset(topk_, 0xff, size_t(cfg_.layers()) * cfg_.n_active * sizeof(int)), "poison", err) &&
-           check(cudaMemset(attn_out_, kPoisonByte, size_t(cfg_.layers()) * cfg_.attn_out_stride() * 2), "poison", err);
+           check(cudaMemset(attn_out_, kPoisonByte, size_t(cfg_.layers()) * cfg_.attn_out_stride() * 2), "poison", err) &&
+           check(cudaMemset(logits_, kPoisonByte, size_t(cfg_.layers()) * cfg_.n_experts * 2), "poison", err);
   }
 
   // The step's arguments at position `context`: the hidden ping-pongs
@@ -244,6 +246,7 @@ class CudaBackend : public RunnerBackend {
     args_.context = context;
     args_.topk_out = topk_;
     args_.attn_out = attn_out_;
+    args_.logits_out = logits_;
     args_.scratch = static_cast<uint8_t*>(scratch_);
     args_.trace = reinterpret_cast<float*>(trace_);
   }
@@ -315,12 +318,16 @@ class CudaBackend : public RunnerBackend {
     out->ckv_row.assign(cfg_.layers(), {});
     out->krope_row.assign(cfg_.layers(), {});
     out->attn_out.assign(cfg_.layers(), {});
+    out->router_logits.assign(cfg_.layers(), {});
     std::vector<int> topk(size_t(cfg_.layers()) * cfg_.n_active);
     if (!get(&out->hidden, x_[current_], cfg_.hidden, err) || !get(&topk, topk_, topk.size(), err)) return false;
+    std::vector<uint16_t> logits;
+    if (abi_reports_logits(abi_) && !get(&logits, logits_, size_t(cfg_.layers()) * cfg_.n_experts, err)) return false;
     for (int i = 0; i < cfg_.layers(); ++i) {
       kimi::LayerState& L = st->layers[i];
       const KtLayer& d = args_.layers[i];
       out->topk[i].assign(topk.begin() + size_t(i) * cfg_.n_active, topk.begin() + size_t(i + 1) * cfg_.n_active);
+      if (!logits.empty()) out->router_logits[i] = bf16_row(logits, i, cfg_.n_experts);
       if (abi_reports_attn_out(abi_) &&
           !get(&out->attn_out[i], attn_out_ + size_t(i) * cfg_.attn_out_stride(),
                size_t(cfg_.attn_out_dim(i)), err))
@@ -519,6 +526,7 @@ class CudaBackend : public RunnerBackend {
   uint16_t* x_[2] = {nullptr, nullptr};
   int* topk_ = nullptr;
   uint16_t* attn_out_ = nullptr;  // layers x cfg_.attn_out_stride()
+  uint16_t* logits_ = nullptr;    // layers x cfg_.n_experts
   int abi_ = 0;                   // the loaded variant's ABI version
   KimiDeviceArgs args_{};
   CUmodule module_ = nullptr;

@@ -73,6 +73,7 @@ bool HostMemoryBackend::put_state(const kimi::KimiState& st, const std::vector<u
   current_ = 0;
   topk_.assign(size_t(cfg_.layers()) * cfg_.n_active, -1);
   attn_out_.assign(size_t(cfg_.layers()) * cfg_.attn_out_stride(), kPoison);
+  logits_.assign(size_t(cfg_.layers()) * cfg_.n_experts, kPoison);
   return true;
 }
 
@@ -94,6 +95,7 @@ StepStatus HostMemoryBackend::step(int context, bool count_launches) {
   args_.x_out = x_[1 - current_].data();
   args_.topk_out = topk_.data();
   args_.attn_out = attn_out_.data();
+  args_.logits_out = logits_.data();
   args_.scratch = scratch();
   std::fill(trace_.begin(), trace_.end(), 0);
   args_.trace = trace_.empty() ? nullptr : reinterpret_cast<float*>(trace_.data());
@@ -113,9 +115,12 @@ bool HostMemoryBackend::get_state(kimi::KimiState* st, kimi::StepOutput* out, st
   out->ckv_row.assign(cfg_.layers(), {});
   out->krope_row.assign(cfg_.layers(), {});
   out->attn_out.assign(cfg_.layers(), {});
+  out->router_logits.assign(cfg_.layers(), {});
   const bool reports = variant_ && abi_reports_attn_out(variant_->abi_version());
+  const bool reports_logits = variant_ && abi_reports_logits(variant_->abi_version());
   for (int i = 0; i < cfg_.layers(); ++i) {
     out->topk[i].assign(topk_.begin() + size_t(i) * cfg_.n_active, topk_.begin() + size_t(i + 1) * cfg_.n_active);
+    if (reports_logits) out->router_logits[i] = bf16_row(logits_, i, cfg_.n_experts);
     if (reports) {
       const auto row = attn_out_.begin() + size_t(i) * cfg_.attn_out_stride();
       out->attn_out[i].assign(row, row + cfg_.attn_out_dim(i));

@@ -42,6 +42,7 @@ class HostMemoryBackend : public RunnerBackend {
   int current_ = 0, last_context_ = 0;
   std::vector<int> topk_;
   std::vector<uint16_t> attn_out_;  // layers x cfg_.attn_out_stride()
+  std::vector<uint16_t> logits_;    // layers x cfg_.n_experts
   std::vector<uint8_t> scratch_;
   std::vector<uint64_t> trace_;
   std::unique_ptr<LoadedVariant> variant_;

@@ -35,6 +35,8 @@ bool abi_supported(int abi, std::string* err);
 // Whether a variant of ABI version `abi` writes attn_out (abi.h: from 3 on),
 // so the runner reports, and validation checks, its attention outputs.
 inline bool abi_reports_attn_out(int abi) { return abi >= 3; }
+// Whether a variant of ABI version `abi` writes logits_out (abi.h: from 4 on).
+inline bool abi_reports_logits(int abi) { return abi >= 4; }
 
 // An entry's grid in blocks (abi.h: > 0 as given, 0 all that fit on every
 // SM, -n n per SM), given how many blocks fit on one SM.

@@ -8,10 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "base/bf16.h"
 #include "base/json.h"
 #include "kernels/kimi/oracle.h"
 
 namespace ktune::measure {
+
+// Row `row` of a [rows][n] bf16 array, as floats (a kernel's router logits
+// for StepOutput::router_logits).
+inline std::vector<float> bf16_row(const std::vector<uint16_t>& a, int row, int n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out[size_t(i)] = bf16_to_float(a[size_t(row) * size_t(n) + size_t(i)]);
+  return out;
+}
 
 struct StepStatus {
   bool ok = true;

@@ -41,6 +41,13 @@ struct Pair {
       want.push_back(bf16_to_float(ref[i]));
     }
   }
+  // bf16 values against floats that hold bf16 values (router logits).
+  void add_bf16(const Tensor* t, const std::vector<float>& ref) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      got.push_back(t && i < t->numel() ? bf16_to_float(t->as<uint16_t>()[i]) : NAN);
+      want.push_back(ref[i]);
+    }
+  }
   void add_f32(const Tensor* t, const std::vector<float>& ref) {
     for (size_t i = 0; i < ref.size(); ++i) {
       got.push_back(t && i < t->numel() ? t->as<float>()[i] : NAN);
@@ -77,6 +84,11 @@ bool write_case_outputs(const std::string& path, const kimi::KimiConfig& cfg, co
     }
     if (size_t(i) < out.attn_out.size() && !out.attn_out[i].empty())
       put(p + "attn_out", DType::BF16, {int64_t(out.attn_out[i].size())}, out.attn_out[i].data());
+    if (size_t(i) < out.router_logits.size() && !out.router_logits[i].empty()) {
+      std::vector<uint16_t> logits;
+      for (float v : out.router_logits[i]) logits.push_back(float_to_bf16(v));
+      put(p + "logits", DType::BF16, {int64_t(logits.size())}, logits.data());
+    }
   }
   return write_safetensors(path, f, err);
 }
@@ -132,6 +144,12 @@ void check_outputs(const kimi::KimiConfig& cfg, const OracleCase& ref, const Ten
       o.add_bf16(t, ref.out.attn_out[i]);
       judge(p + "attn_out", o);
     }
+    // Present when the variant reports them (abi.h, version 4 on).
+    if (const Tensor* l = f.find(p + "logits"); l && size_t(i) < ref.out.router_logits.size()) {
+      Pair o;
+      o.add_bf16(l, ref.out.router_logits[i]);
+      judge(p + "logits", o);
+    }
     std::set<int> want(ref.out.topk[i].begin(), ref.out.topk[i].end()), got;
     if (topk && topk->numel() == size_t(cfg.layers()) * cfg.n_active)
       got.insert(topk->as<int32_t>() + size_t(i) * cfg.n_active, topk->as<int32_t>() + size_t(i + 1) * cfg.n_active);
@@ -163,6 +181,19 @@ bool read_routing(const kimi::KimiConfig& cfg, const TensorFile& f, kimi::Routin
       }
       (*out)[i].push_back(e);
     }
+  return true;
+}
+
+// Layer `layer`'s router logits from the output file, when the kernel
+// reported them (abi.h, version 4 on) and they are all finite.
+bool read_logits(const kimi::KimiConfig& cfg, const TensorFile& f, int layer, std::vector<float>* out) {
+  const Tensor* t = f.find("L" + std::to_string(layer) + ".logits");
+  if (!t || t->dtype != DType::BF16 || t->numel() != size_t(cfg.n_experts)) return false;
+  out->clear();
+  for (size_t e = 0; e < t->numel(); ++e) {
+    out->push_back(bf16_to_float(t->as<uint16_t>()[e]));
+    if (!std::isfinite(out->back())) return false;
+  }
   return true;
 }
 
@@ -212,21 +243,31 @@ bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const 
   OracleCase routed;
   const OracleCase* oracle = &ref;
   std::string flipped;
+  bool all_own = true;  // every flip judged by the kernel's own logits
   for (int i = 0; i < w.cfg.layers(); ++i) {
     std::set<int> got(kernel[i].begin(), kernel[i].end());
     std::set<int> want(oracle->out.topk[i].begin(), oracle->out.topk[i].end());
     if (got == want) continue;
     if (size_t(i) >= oracle->out.router_logits.size()) return true;
     const double ulps = topk_shortfall_ulps(oracle->out.router_logits[i], kernel[i]);
-    if (ulps > 1.0) {  // a real difference: the first check stands, and says where
-      char note[160];
-      std::snprintf(note, sizeof note, "other experts than the oracle's in layer %d, %.1f bf16 ulps below its top-%d%s", i,
-                    ulps, w.cfg.n_active, flipped.empty() ? "" : " (after near-ties in earlier layers)");
+    std::vector<float> own;  // the kernel's logits, when it reports them
+    const bool reported = read_logits(w.cfg, f, i, &own);
+    const double own_ulps = reported ? topk_shortfall_ulps(own, kernel[i]) : 0;
+    char note[200];
+    if (reported ? own_ulps > 0 : ulps > 1.0) {  // a real difference: the first check stands, and says where
+      if (reported)
+        std::snprintf(note, sizeof note, "layer %d's experts are not the top-%d of the kernel's own logits (%.1f bf16 ulps short)",
+                      i, w.cfg.n_active, own_ulps);
+      else
+        std::snprintf(note, sizeof note, "other experts than the oracle's in layer %d, %.1f bf16 ulps below its top-%d%s", i,
+                      ulps, w.cfg.n_active, flipped.empty() ? "" : " (after near-ties in earlier layers)");
       check->routing_note = note;
       if (!check->passed) check->failure += std::string("; ") + note;
       return true;
     }
-    flipped += (flipped.empty() ? "" : ", ") + std::to_string(i);
+    all_own = all_own && reported;
+    std::snprintf(note, sizeof note, "%d (%.1f ulps)", i, ulps);
+    flipped += (flipped.empty() ? "" : ", ") + std::string(note);
     forced[i] = kernel[i];
     routed = compute_oracle_case(w, ref.seed, ref.context, &forced);
     oracle = &routed;
@@ -235,8 +276,10 @@ bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const 
   CaseCheck again;
   check_outputs(w.cfg, routed, f, gate, &again);
   again.experts_match = false;  // still not the oracle's own top-k
-  again.routing_note = "experts differ from the oracle's top-k within one bf16 ulp of the router logits in layer(s) " +
-                       flipped + "; checked against the oracle routed the same way";
+  again.routing_note =
+      "experts differ from the oracle's top-k in layer(s) " + flipped + " of its logits, " +
+      (all_own ? "the top-k of the kernel's own logits" : "within one bf16 ulp") +
+      "; checked, the logits too, against the oracle routed the same way";
   *check = again;
   return true;
 }

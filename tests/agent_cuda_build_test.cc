@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "agent/evaluator.h"
@@ -385,6 +386,74 @@ TEST_CASE("all CUDA kernels compile for sm_90a") {
                   r.resources.value("registers", 0), r.resources.value("spill_stores", 0));
   }
   std::printf("compiled %d CUDA kernels for sm_90a\n", built);
+}
+
+namespace {
+
+// The 128-bit instructions of a kernel's code in a cubin (its ELF section
+// ".text.<kernel>"), each as its low and high 64-bit words; none when the
+// file is no 64-bit ELF or has no such section.
+std::vector<std::pair<uint64_t, uint64_t>> kernel_code(const std::string& elf, const std::string& kernel) {
+  std::vector<std::pair<uint64_t, uint64_t>> code;
+  auto word = [&](size_t at, size_t bytes) {
+    uint64_t v = 0;
+    if (at + bytes <= elf.size()) std::memcpy(&v, elf.data() + at, bytes);  // little-endian, as sm_90 cubins are
+    return v;
+  };
+  if (elf.compare(0, 4, "\x7f" "ELF") != 0 || elf.size() < 64 || elf[4] != 2) return code;
+  const uint64_t shoff = word(0x28, 8), shentsize = word(0x3a, 2), shnum = word(0x3c, 2), shstrndx = word(0x3e, 2);
+  const uint64_t names = word(shoff + shstrndx * shentsize + 0x18, 8);
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const uint64_t sh = shoff + i * shentsize;
+    const uint64_t name = names + word(sh, 4), offset = word(sh + 0x18, 8), size = word(sh + 0x20, 8);
+    if (name >= elf.size() || std::string(elf.c_str() + name) != ".text." + kernel) continue;
+    for (uint64_t at = offset; at + 16 <= offset + size && at + 16 <= elf.size(); at += 16)
+      code.push_back({word(at, 8), word(at + 8, 8)});
+  }
+  return code;
+}
+
+}  // namespace
+
+TEST_CASE("the fma attention's copies avoid the LDGSTS form ptxas 13.0.88 mis-encoded (cubin, no GPU)") {
+  // At threads 256 with the cp.async feed, ptxas 13.0.88 encoded some of
+  // the fma attention's rope-key copies as LDGSTS with a uniform-register
+  // part in the shared address (opcode bits 0xdae; the other copies are
+  // 0xfae) and an L2 policy from uniform registers no instruction wrote:
+  // the step died with an illegal instruction (RESULTS, runs 299-302;
+  // 3 of 8 random such points here). AttTile::kRopeHint loads those keys
+  // plainly. With another ptxas this checks nothing of that bug, only
+  // that the form stays out of these points' code.
+  agent::BackendSpec spec;
+  kimi::KimiConfig cfg;
+  std::string err;
+  if (!cuda_full_size(&spec, &cfg)) return;
+  const variants::Template* mega = kimi::find_template("kimi-mega-cuda");
+  const json fault = {{"attn", "fma"}, {"attn_heads", 32}, {"waves", 4}, {"feed", "cp_async"}, {"reduce", "atomic"}};
+  json heads8 = fault;
+  heads8["attn_heads"] = 8;
+  sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  for (const json& p : {fault, heads8}) {
+    INFO(p.dump());
+    agent::Variant v;
+    REQUIRE_MESSAGE(agent::render_variant(cfg, spec, *mega, p, "", &v, &err), err);
+    sandbox::BuildResult r = cache.build(spec.build_request(v.source));
+    INFO(r.log.substr(0, 3000));
+    REQUIRE(r.ok);
+    std::string cubin;
+    REQUIRE(read_file(r.artifact, &cubin, &err));
+    const auto code = kernel_code(cubin, "ktune_k0");
+    int copies = 0, uniform_form = 0;
+    for (auto [lo, hi] : code) {
+      copies += (lo & 0xfff) == 0xfae || (lo & 0xfff) == 0xdae;
+      uniform_form += (lo & 0xfff) == 0xdae;
+    }
+    std::printf("  %s: %zu instructions, %d LDGSTS, %d in the uniform-address form\n", p.dump().c_str(), code.size(),
+                copies, uniform_form);
+    CHECK(code.size() > 1000);
+    CHECK(copies > 100);  // the attention's and the GEMV ring's copies are there to be looked at
+    CHECK(uniform_form == 0);
+  }
 }
 
 TEST_CASE("KTUNE_CUDA_LINK=separate builds the megakernel by separate compilation and nvlink") {

@@ -141,9 +141,24 @@ void oracle_through_emu(const kimi::KimiConfig& cfg, const json& knobs, const ch
       });
       attn = {std::min(attn.cosine, s.cosine), std::max(attn.rel_l2, s.rel_l2), attn.nonfinite + s.nonfinite, 0};
     }
+    // The router logits as the kernel ranked them: the oracle's, and its
+    // experts their top-k.
+    REQUIRE(out.router_logits.size() == size_t(cfg.layers()));
+    Similarity logits{1.0, 0.0, 0, 0};
+    for (int l = 0; l < cfg.layers(); ++l) {
+      REQUIRE(out.router_logits[l].size() == size_t(cfg.n_experts));
+      Similarity s = similarity(out.router_logits[l].size(), [&](size_t i) {
+        return std::pair{double(out.router_logits[l][i]), double(ref.out.router_logits[l][i])};
+      });
+      logits = {std::min(logits.cosine, s.cosine), std::max(logits.rel_l2, s.rel_l2), logits.nonfinite + s.nonfinite, 0};
+      CHECK(measure::topk_shortfall_ulps(out.router_logits[l], out.topk[l]) == 0.0);
+    }
     std::printf("emu %s %s context %d: hidden cos %.7f, cache row cos %.7f, attention outputs worst cos %.7f "
-                "rel_l2 %.5f\n",
-                cfg.name.c_str(), knobs.dump().c_str(), context, h.cosine, row.cosine, attn.cosine, attn.rel_l2);
+                "rel_l2 %.5f, logits worst rel_l2 %.5f\n",
+                cfg.name.c_str(), knobs.dump().c_str(), context, h.cosine, row.cosine, attn.cosine, attn.rel_l2,
+                logits.rel_l2);
+    CHECK(logits.nonfinite == 0);
+    CHECK(logits.rel_l2 <= 0.01);
     CHECK(h.cosine >= 0.9999);
     CHECK(row.cosine >= 0.9999);
     CHECK(attn.nonfinite == 0);

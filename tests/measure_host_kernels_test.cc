@@ -118,10 +118,12 @@ bool run_step(HostVariant& v, measure::HostRuntime& rt, const KimiWeights& w, Ki
   std::vector<uint16_t> hidden(cfg.hidden, 0x7fc0);  // poisoned: every element must be written
   std::vector<int> topk(size_t(cfg.layers()) * cfg.n_active, -1);
   std::vector<uint16_t> attn(size_t(cfg.layers()) * cfg.attn_out_stride(), 0x7fc0);  // likewise
+  std::vector<uint16_t> logits(size_t(cfg.layers()) * cfg.n_experts, 0x7fc0);         // likewise
   args.x_in = token.data();
   args.x_out = hidden.data();
   args.topk_out = topk.data();
   args.attn_out = attn.data();
+  args.logits_out = logits.data();
   args.scratch = v.scratch.get();
   if (int rc = v.lib.host_step()(&args, rt.abi()); rc != 0) {
     *err = v.label + ": ktune_host_step returned " + std::to_string(rc);
@@ -132,7 +134,9 @@ bool run_step(HostVariant& v, measure::HostRuntime& rt, const KimiWeights& w, Ki
   out->ckv_row.assign(cfg.layers(), {});
   out->krope_row.assign(cfg.layers(), {});
   out->attn_out.assign(cfg.layers(), {});
+  out->router_logits.assign(cfg.layers(), {});
   for (int i = 0; i < cfg.layers(); ++i) {
+    for (int e = 0; e < cfg.n_experts; ++e) out->router_logits[i].push_back(bf16_to_float(logits[size_t(i) * cfg.n_experts + e]));
     out->topk[i].assign(topk.begin() + i * cfg.n_active, topk.begin() + (i + 1) * cfg.n_active);
     const auto row = attn.begin() + size_t(i) * cfg.attn_out_stride();
     out->attn_out[i].assign(row, row + cfg.attn_out_dim(i));
@@ -194,7 +198,7 @@ double cosine_f32(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The candidate's step against the oracle's from the same state: the worst
-// cosine over hidden, attention outputs, S, windows and new cache rows;
+// cosine over hidden, attention outputs, router logits, S, windows and new cache rows;
 // experts must agree.
 double compare_with_oracle(const KimiConfig& cfg, const KimiState& want_st, const StepOutput& want,
                            const KimiState& got_st, const StepOutput& got, bool* same_experts) {
@@ -202,7 +206,8 @@ double compare_with_oracle(const KimiConfig& cfg, const KimiState& want_st, cons
   *same_experts = got.topk == want.topk;
   for (int i = 0; i < cfg.layers(); ++i) {
     const LayerState &a = got_st.layers[i], &b = want_st.layers[i];
-    worst = std::min(worst, cosine_bf16(got.attn_out[i], want.attn_out[i]));
+    worst = std::min({worst, cosine_bf16(got.attn_out[i], want.attn_out[i]),
+                      cosine_f32(got.router_logits[i], want.router_logits[i])});
     if (cfg.is_kda(i)) {
       worst = std::min({worst, cosine_f32(a.S, b.S), cosine_bf16(a.cq, b.cq), cosine_bf16(a.ck, b.ck),
                         cosine_bf16(a.cv, b.cv)});

@@ -203,16 +203,16 @@ TEST_CASE("a megakernel whose prepare table was made for another grid, or would 
   remove_tree(work);
 }
 
-TEST_CASE("variants of ABI versions 1 and 2 still load, their attention outputs not reported; others are refused") {
-  // Sessions recorded before the prepare table (version 1) or attn_out
-  // (version 2) carry that version in their sources; replaying or resuming
-  // them must still load them. Their attention outputs go unreported, so
-  // validation does not judge them (validate.h).
+TEST_CASE("variants of ABI versions 1 to 3 still load, outputs they lack not reported; others are refused") {
+  // Sessions recorded before the prepare table (version 1), attn_out
+  // (version 2) or logits_out (version 3) carry that version in their
+  // sources; replaying or resuming them must still load them. What they do
+  // not write goes unreported, so validation does not judge it (validate.h).
   TinyEmu t;
   const kimi::KimiConfig& cfg = t.cfg;
   measure::EmuBackend& be = t.be;
   std::string& err = t.err;
-  for (int abi : {1, 2, KT_ABI_VERSION}) {
+  for (int abi : {1, 2, 3, KT_ABI_VERSION}) {
     CAPTURE(abi);
     REQUIRE_MESSAGE(be.load(build_prepare_variant(cfg, 0, abi), &err), err);
     CHECK(step_words(be, cfg, 5) == words({0, 0, 1, 0, 0}));
@@ -220,8 +220,11 @@ TEST_CASE("variants of ABI versions 1 and 2 still load, their attention outputs 
     kimi::StepOutput out;
     REQUIRE_MESSAGE(be.get_state(&st, &out, &err), err);
     REQUIRE(out.attn_out.size() == size_t(cfg.layers()));
-    for (int i = 0; i < cfg.layers(); ++i)
+    REQUIRE(out.router_logits.size() == size_t(cfg.layers()));
+    for (int i = 0; i < cfg.layers(); ++i) {
       CHECK(out.attn_out[i].size() == (abi < 3 ? 0u : size_t(cfg.attn_out_dim(i))));
+      CHECK(out.router_logits[i].size() == (abi < 4 ? 0u : size_t(cfg.n_experts)));
+    }
   }
   for (int abi : {0, KT_ABI_VERSION + 1}) {
     CAPTURE(abi);

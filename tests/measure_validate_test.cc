@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -54,6 +55,25 @@ std::vector<int> ranked(const std::vector<float>& logits) {
   return order;
 }
 
+// Seed 3 at context 5, and a "kernel" whose layer 0 takes the first
+// expert outside the oracle's top-k instead of the last one inside it: the
+// oracle's own answer routed that way.
+struct NeighbourFlip {
+  measure::OracleCase ref, flipped;
+  kimi::Routing kernel;
+  int kept_out = -1, taken_in = -1;
+  explicit NeighbourFlip(const kimi::KimiWeights& w) {
+    ref = measure::compute_oracle_case(w, 3, 5);
+    const std::vector<int> order = ranked(ref.out.router_logits[0]);
+    kept_out = order[w.cfg.n_active - 1];
+    taken_in = order[w.cfg.n_active];
+    kernel.assign(w.cfg.layers(), {});
+    kernel[0] = ref.out.topk[0];
+    std::replace(kernel[0].begin(), kernel[0].end(), kept_out, taken_in);
+    flipped = measure::compute_oracle_case(w, 3, 5, &kernel);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("the oracle routed as it routes itself gives the same answer, routed otherwise another") {
@@ -77,15 +97,11 @@ TEST_CASE("the oracle routed as it routes itself gives the same answer, routed o
 TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checked against the oracle routed alike") {
   Tiny t;
   const kimi::KimiConfig& cfg = t.w.cfg;
-  measure::OracleCase ref = measure::compute_oracle_case(t.w, 3, 5);
-  const std::vector<int> order = ranked(ref.out.router_logits[0]);
-  const int kept_out = order[cfg.n_active - 1], taken_in = order[cfg.n_active];
-  // The "kernel": the oracle's own answer when layer 0 takes the first
-  // expert outside the top-k instead of the last one inside it.
-  kimi::Routing kernel(cfg.layers());
-  kernel[0] = ref.out.topk[0];
-  std::replace(kernel[0].begin(), kernel[0].end(), kept_out, taken_in);
-  measure::OracleCase flipped = measure::compute_oracle_case(t.w, 3, 5, &kernel);
+  // From a kernel that does not report its logits (ABI version 3): judged
+  // by the oracle's logits alone.
+  NeighbourFlip nf(t.w);
+  auto& [ref, flipped, kernel, kept_out, taken_in] = nf;
+  flipped.out.router_logits.clear();
   std::string err, dir;
   REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
   const std::string file = join_path(dir, "case.safetensors");
@@ -121,8 +137,9 @@ TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checke
     REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
     CHECK(check.passed);
     CHECK_FALSE(check.experts_match);
-    CHECK(check.routing_note.find("layer(s) 0") != std::string::npos);
+    CHECK(check.routing_note.find("layer(s) 0 (1.0 ulps) of its logits, within one bf16 ulp") != std::string::npos);
     CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
+    CHECK_FALSE(check.metrics.contains("L0.logits"));  // not reported, not judged
   }
   SUBCASE("experts the kernel did not write leave the first check standing") {
     kimi::StepOutput unwritten = flipped.out;
@@ -142,6 +159,76 @@ TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checke
     same.passed = true;
     REQUIRE(measure::recheck_near_ties(t.w, ref, "no such file", gate, &same, &err));
     CHECK(same.routing_note.empty());
+  }
+  remove_tree(dir);
+}
+
+TEST_CASE("a kernel that reports its logits: a flip that is their top-k is rechecked with them; one that is not fails") {
+  // The same flip in layer 0 (the first expert outside the oracle's top-k
+  // taken for the last one inside it), from a kernel that reports its
+  // router logits (ABI version 4): its logits decide whether its choice is
+  // a tie broken by rounding, and are then gated like any output.
+  Tiny t;
+  const kimi::KimiConfig& cfg = t.w.cfg;
+  NeighbourFlip nf(t.w);
+  auto& [ref, flipped, kernel, kept_out, taken_in] = nf;
+  const double depth = measure::topk_shortfall_ulps(ref.out.router_logits[0], kernel[0]);
+  REQUIRE(depth > 1.0);  // beyond the one-ulp rule of a kernel without logits
+  // The kernel's own layer-0 logits: the oracle's, with the two experts'
+  // values exchanged, so that its choice is their top-k.
+  std::vector<float> own = ref.out.router_logits[0];
+  std::swap(own[kept_out], own[taken_in]);
+  REQUIRE(measure::topk_shortfall_ulps(own, kernel[0]) == 0.0);
+  std::string err, dir;
+  REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
+  const std::string file = join_path(dir, "case.safetensors");
+  measure::Gate gate;
+  auto judged = [&](const std::vector<float>& layer0_logits) {
+    kimi::StepOutput out = flipped.out;  // later layers: the oracle's logits for what they see
+    out.router_logits[0] = layer0_logits;
+    REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, flipped.state, out, &err), err);
+    measure::CaseCheck check;
+    REQUIRE_MESSAGE(measure::check_case(cfg, ref, file, gate, &check, &err), err);
+    CHECK_FALSE(check.experts_match);
+    REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
+    return check;
+  };
+  // How far the exchange moves the logits, as the gate measures it.
+  double moved = 0, norm = 0;
+  for (size_t e = 0; e < own.size(); ++e) {
+    moved += (own[e] - ref.out.router_logits[0][e]) * (own[e] - ref.out.router_logits[0][e]);
+    norm += ref.out.router_logits[0][e] * ref.out.router_logits[0][e];
+  }
+  const double moved_rel_l2 = std::sqrt(moved / norm);
+
+  SUBCASE("the choice is the top-k of its logits: rechecked against the oracle routed alike, logits gated") {
+    gate.max_rel_l2 = 2 * moved_rel_l2 + 0.01;  // a gate the exchange is within
+    measure::CaseCheck check = judged(own);
+    CHECK(check.passed);
+    CHECK_FALSE(check.experts_match);
+    CHECK(check.routing_note.find("the top-k of the kernel's own logits") != std::string::npos);
+    CHECK(check.metrics["L0.logits"]["rel_l2"].get<double>() == doctest::Approx(moved_rel_l2).epsilon(0.01));
+    CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
+  }
+  SUBCASE("the same choice with logits further off than the gate allows: it fails on the logits") {
+    gate.max_rel_l2 = moved_rel_l2 / 2;
+    measure::CaseCheck check = judged(own);
+    CHECK_FALSE(check.passed);
+    CHECK(check.failure.find("L0.logits: relative L2 error") == 0);
+  }
+  SUBCASE("the choice is not the top-k of its own logits: the difference stands, and says so") {
+    gate.max_rel_l2 = 2 * moved_rel_l2 + 0.01;
+    measure::CaseCheck check = judged(ref.out.router_logits[0]);
+    CHECK(check.routing_note.find("layer 0's experts are not the top-") != std::string::npos);
+    CHECK(check.routing_note.find("of the kernel's own logits") != std::string::npos);
+    CHECK(check.metrics["hidden"]["cosine"].get<double>() < 0.9999);  // judged against the unflipped oracle
+  }
+  SUBCASE("logits left unwritten: gated as unwritten, and the one-ulp rule decides the flip") {
+    std::vector<float> poisoned(own.size(), NAN);
+    measure::CaseCheck check = judged(poisoned);
+    CHECK_FALSE(check.passed);
+    CHECK(check.routing_note.find("ulps below its top-") != std::string::npos);
+    CHECK(check.metrics["L0.logits"]["nonfinite"].get<int>() == cfg.n_experts);
   }
   remove_tree(dir);
 }
@@ -176,6 +263,7 @@ TEST_CASE("a near-tie flip whose consequences change later layers' experts is ju
   std::string err, dir;
   REQUIRE_MESSAGE(make_temp_dir("/tmp", "ktune-validate-test-", &dir, &err), err);
   const std::string file = join_path(dir, "case.safetensors");
+  flipped.out.router_logits.clear();  // a kernel that does not report them
   REQUIRE_MESSAGE(measure::write_case_outputs(file, cfg, flipped.state, flipped.out, &err), err);
   // As if the oracle's two logits in layer 0 were neighbours.
   std::vector<float>& logits = ref.out.router_logits[0];
@@ -186,7 +274,8 @@ TEST_CASE("a near-tie flip whose consequences change later layers' experts is ju
   CHECK_FALSE(check.experts_match);
   REQUIRE_MESSAGE(measure::recheck_near_ties(t.w, ref, file, gate, &check, &err), err);
   CHECK(check.passed);
-  CHECK(check.routing_note.find("layer(s) 0;") != std::string::npos);  // layer 0 alone flipped
+  CHECK(check.routing_note.find("layer(s) 0 (1.0 ulps) of its logits, within one bf16 ulp;") !=
+        std::string::npos);  // layer 0 alone flipped
   CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
   remove_tree(dir);
 }

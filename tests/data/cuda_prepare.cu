@@ -67,7 +67,7 @@ extern "C" __global__ void ktune_k1(const __grid_constant__ KimiDeviceArgs a, co
   for (int i = 0; i < 64; ++i) sum += router[i];
   w[0] = sum;
   w[1] += 1;
-  bool blind = !a.x_in && !a.x_out && !a.topk_out && !a.attn_out && !a.trace && a.context == 0;
+  bool blind = !a.x_in && !a.x_out && !a.topk_out && !a.attn_out && !a.logits_out && !a.trace && a.context == 0;
   for (int i = 0; i < KT_LAYERS; ++i)
     blind = blind && !a.layers[i].kda.S && !a.layers[i].kda.win[0] && !a.layers[i].kda.win[1] &&
             !a.layers[i].kda.win[2] && !a.layers[i].mla.c_kv && !a.layers[i].mla.k_rope;

@@ -23,12 +23,14 @@
 
 // 2: the optional prepare table (ktune_num_prepare, ktune_prepare).
 // 3: KimiDeviceArgs::attn_out, each layer's attention output, validated.
-#define KT_ABI_VERSION 3
-// Version 1 is version 2 without the prepare table, and version 2 is
-// version 3 without attn_out (a field added at the end, which an older
-// kernel never reads), so the runner still loads them: sessions recorded
-// before (their sources carry the old header) replay and resume; their
-// attention outputs go unchecked.
+// 4: KimiDeviceArgs::logits_out, each layer's router logits, validated.
+#define KT_ABI_VERSION 4
+// Version 1 is version 2 without the prepare table, version 2 is version 3
+// without attn_out, and version 3 is version 4 without logits_out (fields
+// added at the end, which an older kernel never reads), so the runner
+// still loads them: sessions recorded before (their sources carry the old
+// header) replay and resume; their attention outputs or logits go
+// unchecked.
 #define KT_ABI_OLDEST 1
 #define KT_MAX_LAYERS 4
 #define KT_MAX_LAUNCHES 4096
@@ -87,6 +89,13 @@ struct KimiDeviceArgs {
   // the attention"). The runner sets it for every step, timed ones included,
   // so the validated kernel is the timed one.
   uint16_t* attn_out;
+  // nullptr, or bf16 [layers][n_experts]: each layer's router logits as the
+  // kernel ranked them. A kernel may pick other experts than the oracle
+  // where two logits nearly tie; its own logits tell a tie broken the other
+  // way by rounding (its experts are the top-k of its logits, and they
+  // match the oracle's logits as closely as any output must) from a wrong
+  // choice (measure/validate.h). Set, like attn_out, for every step.
+  uint16_t* logits_out;
 };
 // The row length of attn_out: the larger of the two attentions' outputs.
 #define KT_ATTN_OUT_STRIDE(kda_dim, mla_o) ((kda_dim) > (mla_o) ? (kda_dim) : (mla_o))

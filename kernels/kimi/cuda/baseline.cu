@@ -216,7 +216,10 @@ extern "C" __global__ void ktune_k8(const __grid_constant__ KimiDeviceArgs a, co
   int idx[TOPK];
   ktune::kimi::topk_detail::Item items[E];
   float mx = -INFINITY;
-  for (int e = 0; e < E; ++e) mx = fmaxf(mx, lv[e] = F(a)[LOGIT + e]);
+  for (int e = 0; e < E; ++e) {
+    mx = fmaxf(mx, lv[e] = F(a)[LOGIT + e]);
+    if (a.logits_out) a.logits_out[la.a[0] * E + e] = kt_f2bf(lv[e]);
+  }
   float total = 0;
   for (int e = 0; e < E; ++e) total += expf(lv[e] - mx);
   ktune::kimi::torch_topk(lv, E, TOPK, idx, items);

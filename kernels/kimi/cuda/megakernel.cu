@@ -366,8 +366,15 @@ struct alignas(16) Stage {
   uint16_t sc[TILE], ze[TILE];
 };
 // An attention tile: ATT_ROWS cached rows (latent and rope parts).
+// kRopeHint: the L2 hint of its rope keys' copies. Plain here: with
+// KT_CACHE_HINT's policy, ptxas 13.0.88 encoded some of them (an LDGSTS
+// whose shared address has a uniform-register part) with a policy from
+// uniform registers no instruction wrote, and the step died with an
+// illegal instruction, at threads 256 with the cp.async feed (RESULTS,
+// runs 299-302). The rope keys are a ninth of a tile's bytes.
 constexpr int ATT_ROWS = 16, ATT_STAGES = 3;
 struct alignas(16) AttTile {
+  static constexpr int kRopeHint = 0;
   uint16_t c[ATT_ROWS][R];
   uint16_t k[ATT_ROWS][ROPE];
 };
@@ -405,6 +412,7 @@ static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > k
 constexpr int kRegBudget = KT_FEED == 4 ? cmin(255, kConsumerRegs) : kLaunchRegs;
 constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
 struct alignas(16) AttMmaTile {
+  static constexpr int kRopeHint = KT_CACHE_HINT;  // AttTile says why the other differs
   uint16_t c[AM_ROWS][R + 8];
   uint16_t k[AM_ROWS][ROPE + 8];
 };
@@ -2519,7 +2527,7 @@ KT_DEV void issue_att_rows(Tile& tile, const AttSrc& src, int t0, int rows, unsi
   for (unsigned i = tid; i < TILE_ROWS * KP; i += NT) {
     const unsigned r = i / KP, p = i % KP;
     const bool valid = int(r) < rows;
-    kt_cp_async16<KT_CACHE_HINT>(&tile.k[0][0] + r * KS + p * 8,
+    kt_cp_async16<Tile::kRopeHint>(&tile.k[0][0] + r * KS + p * 8,
                                  valid ? src.k_rope + (size_t(t0) + r) * ROPE + p * 8 : src.c_kv, valid);
   }
 }
@@ -2844,6 +2852,10 @@ KT_DEV void weigh_experts(const Ctx& c, int layer) {
   if (lane < TOPK) {
     sm->topw[lane] = p / (wsum + 1e-9f) * float(KT_SCALING);
     if (blockIdx.x == 0 && c.a.topk_out) c.a.topk_out[layer * TOPK + lane] = sm->topk[lane];
+  }
+  if (blockIdx.x == 0 && c.a.logits_out) {
+    if (lane < E) c.a.logits_out[layer * E + lane] = kt_f2bf(sm->lv[lane]);
+    if (lane + 32 < E) c.a.logits_out[layer * E + lane + 32] = kt_f2bf(sm->lv[lane + 32]);
   }
   __syncwarp();
 }

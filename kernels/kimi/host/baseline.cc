@@ -204,6 +204,7 @@ class Eager {
     launch([&](int t, int) {
       if (t != 0) return;
       moe_route(s_.logits, s_.route, s_.route_w, s_.items);
+      report_logits(a_, layer, s_.logits);
       if (a_.topk_out)
         for (int j = 0; j < TOPK; ++j) a_.topk_out[layer * TOPK + j] = s_.route[j];
     });

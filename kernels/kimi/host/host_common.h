@@ -147,6 +147,13 @@ inline void report_attn_out(const KimiDeviceArgs& a, int layer, const float* o) 
   for (int i = 0; i < n; ++i) dst[i] = float_to_bf16(o[i]);
 }
 
+// abi.h's logits_out: layer `layer`'s router logits (E floats holding bf16
+// values), when the runner asks for them.
+inline void report_logits(const KimiDeviceArgs& a, int layer, const float* logits) {
+  if (!a.logits_out) return;
+  for (int e = 0; e < E; ++e) a.logits_out[size_t(layer) * E + e] = float_to_bf16(logits[e]);
+}
+
 // RMSNorm in two parts so a caller can split the second over threads:
 // the inverse RMS of x (bf16 values as floats), then
 // out[i] = bf16(x[i] * inv * w[i]) for i in [i0, i1).

@@ -393,6 +393,7 @@ class Worker {
     moe_route(s_.logits, me_.route, me_.route_w, me_.items);
     if (t_ == 0 && a_.topk_out)
       for (int j = 0; j < TOPK; ++j) a_.topk_out[layer * TOPK + j] = me_.route[j];
+    if (t_ == 0) report_logits(a_, layer, s_.logits);
     each_unit(TOPK * it, [&](int u) {
       const int j = u / it, e = me_.route[j];
       expert_gate_up(w4_expert(w.gate, D, I, e), w4_expert(w.up, D, I, e), tile(I, u % it), j);
