@@ -140,6 +140,7 @@ TEST_CASE("a kernel that picks the neighbour across the top-k boundary is checke
     CHECK(check.routing_note.find("layer(s) 0 (1.0 ulps) of its logits, within one bf16 ulp") != std::string::npos);
     CHECK(check.metrics["hidden"]["cosine"].get<double>() > 0.99999);
     CHECK_FALSE(check.metrics.contains("L0.logits"));  // not reported, not judged
+    CHECK(check.routing_note.find("the logits too") == std::string::npos);
   }
   SUBCASE("experts the kernel did not write leave the first check standing") {
     kimi::StepOutput unwritten = flipped.out;
