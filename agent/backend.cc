@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "base/fs.h"
+#include "sandbox/cubin_check.h"
 #include "sandbox/process.h"
 
 namespace ktune::agent {
@@ -76,6 +77,7 @@ sandbox::BuildRequest BackendSpec::build_request(const std::string& source) cons
                    nvcc, nvlink};
     }
     r.compiler_id = compiler_id(nvcc);
+    r.refuse_ldgsts_defect = sandbox::compiler_has_ldgsts_defect(r.compiler_id);
     r.memory_bytes = 0;  // nvcc's children map more than an RLIMIT_AS allows for
   } else {
     r.source_name = "variant.cc";

@@ -569,7 +569,9 @@ int run_bench(const BenchOptions& o) {
     std::printf("\n%s %s: build %s (%.1f s%s) %s\n", r.name.c_str(), r.v.id.substr(0, 12).c_str(),
                 br.ok ? "ok" : "FAILED", br.seconds, br.cached ? ", cached" : "", br.resources.dump().c_str());
     if (!br.ok) {
-      std::printf("%s\n", br.log.substr(0, 4000).c_str());
+      // The head holds the compiler's first errors, the tail ktune's own note.
+      const size_t n = br.log.size();
+      std::printf("%s\n", n <= 4600 ? br.log.c_str() : (br.log.substr(0, 4000) + "\n...\n" + br.log.substr(n - 600)).c_str());
       continue;
     }
     r.artifact = br.artifact;

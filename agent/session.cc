@@ -417,8 +417,11 @@ class Session {
     if (ok) best_score_ = again.score;
   }
 
+  // ktune's own reason when the log has one (a refused build), else the
+  // compiler's first line that says "error".
   static std::string first_error_line(const std::string& log) {
-    size_t p = log.find("error");
+    size_t p = log.find("[ktune: error:");
+    if (p == std::string::npos) p = log.find("error");
     if (p == std::string::npos) return log.substr(0, 300);
     size_t start = log.rfind('\n', p);
     start = start == std::string::npos ? 0 : start + 1;

@@ -18,6 +18,7 @@
 
 #include "base/fs.h"
 #include "base/sha256.h"
+#include "sandbox/cubin_check.h"
 
 namespace ktune::sandbox {
 namespace {
@@ -129,7 +130,7 @@ std::string BuildCache::key_of(const BuildRequest& req) {
     command += arg;
   }
   return sha256_hex(req.source + '\0' + command + '\0' + req.compiler_id + '\0' + req.source_name + '\0' +
-                    req.artifact_name);
+                    req.artifact_name + (req.refuse_ldgsts_defect ? "\x1frefuse_ldgsts_defect" : ""));
 }
 
 BuildResult BuildCache::build(const BuildRequest& req) {
@@ -183,6 +184,18 @@ BuildResult BuildCache::build(const BuildRequest& req) {
   else if (!result.ok)
     result.log += "\n[ktune: the command succeeded but wrote no " + req.artifact_name + "]\n";
   result.resources = parse_ptxas_resources(result.log);
+  if (result.ok && req.refuse_ldgsts_defect) {
+    std::string cubin;
+    if (!read_file(artifact, &cubin, &error)) {
+      result.ok = false;
+      result.log += "\n[ktune: error: " + error + "]\n";
+      return result;  // not cached: the file system is at fault, not the source
+    }
+    if (std::string defect = cubin_defect(cubin); !defect.empty()) {
+      result.ok = false;
+      result.log += "\n[ktune: error: the build is refused: " + defect + "]\n";
+    }
+  }
   if (result.ok) result.artifact = artifact;
   // Not cached: a busy machine may well finish next time, and a compiler
   // killed by a signal has usually hit the memory limit, not a fault in the source.

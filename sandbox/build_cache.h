@@ -20,6 +20,10 @@ struct BuildRequest {
   double timeout_s = 300;
   size_t memory_bytes = 0;
   double cpu_seconds = 0;            // RLIMIT_CPU per compiler process (0: none)
+  // The artifact is an sm_90 cubin from a compiler with the LDGSTS defect
+  // (cubin_check.h): a build whose code has that form fails, with the
+  // reason in its log. Part of the key.
+  bool refuse_ldgsts_defect = false;
 };
 
 struct BuildResult {
@@ -37,7 +41,7 @@ struct BuildResult {
 // On disk: <dir>/<key>/ holds the source, the artifact, build.log and
 // result.json ({ok, log, command_line, seconds, resources, timed_out}).
 // result.json is written last, so a build killed midway is not a hit.
-// Compile errors are cached (they are deterministic); timeouts, compilers
+// Compile errors and refused artifacts are cached (they are deterministic); timeouts, compilers
 // killed by a signal (out of memory, mostly) and a compiler that cannot be
 // started are not (the next call retries). <dir>/<key>.lock files stay
 // behind (empty; they serialize builds of the key).

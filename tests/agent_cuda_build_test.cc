@@ -10,7 +10,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
 #include "agent/evaluator.h"
@@ -18,6 +17,7 @@
 #include "base/rng.h"
 #include "kernels/kimi/templates.h"
 #include "sandbox/build_cache.h"
+#include "sandbox/cubin_check.h"
 #include "sandbox/process.h"
 #include "variants/templates.h"
 
@@ -388,42 +388,15 @@ TEST_CASE("all CUDA kernels compile for sm_90a") {
   std::printf("compiled %d CUDA kernels for sm_90a\n", built);
 }
 
-namespace {
-
-// The 128-bit instructions of a kernel's code in a cubin (its ELF section
-// ".text.<kernel>"), each as its low and high 64-bit words; none when the
-// file is no 64-bit ELF or has no such section.
-std::vector<std::pair<uint64_t, uint64_t>> kernel_code(const std::string& elf, const std::string& kernel) {
-  std::vector<std::pair<uint64_t, uint64_t>> code;
-  auto word = [&](size_t at, size_t bytes) {
-    uint64_t v = 0;
-    if (at + bytes <= elf.size()) std::memcpy(&v, elf.data() + at, bytes);  // little-endian, as sm_90 cubins are
-    return v;
-  };
-  if (elf.compare(0, 4, "\x7f" "ELF") != 0 || elf.size() < 64 || elf[4] != 2) return code;
-  const uint64_t shoff = word(0x28, 8), shentsize = word(0x3a, 2), shnum = word(0x3c, 2), shstrndx = word(0x3e, 2);
-  const uint64_t names = word(shoff + shstrndx * shentsize + 0x18, 8);
-  for (uint64_t i = 0; i < shnum; ++i) {
-    const uint64_t sh = shoff + i * shentsize;
-    const uint64_t name = names + word(sh, 4), offset = word(sh + 0x18, 8), size = word(sh + 0x20, 8);
-    if (name >= elf.size() || std::string(elf.c_str() + name) != ".text." + kernel) continue;
-    for (uint64_t at = offset; at + 16 <= offset + size && at + 16 <= elf.size(); at += 16)
-      code.push_back({word(at, 8), word(at + 8, 8)});
-  }
-  return code;
-}
-
-}  // namespace
-
-TEST_CASE("the fma attention's copies avoid the LDGSTS form ptxas 13.0.88 mis-encoded (cubin, no GPU)") {
+TEST_CASE("the fma attention's copies avoid the LDGSTS form ptxas 13.0.88 mis-encoded, and a build with it is refused") {
   // At threads 256 with the cp.async feed, ptxas 13.0.88 encoded some of
-  // the fma attention's rope-key copies as LDGSTS with a uniform-register
-  // part in the shared address (opcode bits 0xdae; the other copies are
-  // 0xfae) and an L2 policy from uniform registers no instruction wrote:
-  // the step died with an illegal instruction (RESULTS, runs 299-302;
-  // 3 of 8 random such points here). AttTile::kRopeHint loads those keys
-  // plainly. With another ptxas this checks nothing of that bug, only
-  // that the form stays out of these points' code.
+  // the fma attention's rope-key copies, which carried an L2 policy, in the
+  // form sandbox/cubin_check.h describes: the step died with an illegal
+  // instruction (RESULTS, runs 299-302; 3 of 8 random such points).
+  // AttTile::kRopeHint loads those keys plainly. Put back, the policy
+  // brings the form back, and the CUDA backend's build refuses it. With
+  // another ptxas this checks only that the form stays out of these
+  // points' code.
   agent::BackendSpec spec;
   kimi::KimiConfig cfg;
   std::string err;
@@ -433,27 +406,42 @@ TEST_CASE("the fma attention's copies avoid the LDGSTS form ptxas 13.0.88 mis-en
   json heads8 = fault;
   heads8["attn_heads"] = 8;
   sandbox::BuildCache cache(join_path(cache_dir(), "builds"));
+  agent::Variant v;
   for (const json& p : {fault, heads8}) {
     INFO(p.dump());
-    agent::Variant v;
     REQUIRE_MESSAGE(agent::render_variant(cfg, spec, *mega, p, "", &v, &err), err);
     sandbox::BuildResult r = cache.build(spec.build_request(v.source));
     INFO(r.log.substr(0, 3000));
     REQUIRE(r.ok);
     std::string cubin;
     REQUIRE(read_file(r.artifact, &cubin, &err));
-    const auto code = kernel_code(cubin, "ktune_k0");
-    int copies = 0, uniform_form = 0;
-    for (auto [lo, hi] : code) {
-      copies += (lo & 0xfff) == 0xfae || (lo & 0xfff) == 0xdae;
-      uniform_form += (lo & 0xfff) == 0xdae;
-    }
-    std::printf("  %s: %zu instructions, %d LDGSTS, %d in the uniform-address form\n", p.dump().c_str(), code.size(),
-                copies, uniform_form);
-    CHECK(code.size() > 1000);
-    CHECK(copies > 100);  // the attention's and the GEMV ring's copies are there to be looked at
-    CHECK(uniform_form == 0);
+    std::vector<sandbox::Instruction> step;  // the step's kernel (ktune_k1 is the prepare launch)
+    for (const auto& [name, code] : sandbox::cubin_kernels(cubin))
+      if (name == "ktune_k0") step = code;
+    const sandbox::CopyForms forms = sandbox::count_copy_forms(step);
+    std::printf("  %s: %zu instructions, %d LDGSTS, %d in the uniform-address form\n", p.dump().c_str(), step.size(),
+                forms.ldgsts, forms.uniform_address);
+    CHECK(step.size() > 1000);
+    CHECK(forms.ldgsts > 100);  // the attention's and the GEMV ring's copies are there to be looked at
+    CHECK(forms.uniform_address == 0);
   }
+
+  const sandbox::BuildRequest plain = spec.build_request(v.source);
+  if (!plain.refuse_ldgsts_defect) {
+    MESSAGE("the refusal is not checked: " << plain.compiler_id.substr(0, 200) << " is not CUDA 13.0");
+    return;
+  }
+  const std::string unhinted = "static constexpr int kRopeHint = 0;";
+  const size_t at = v.source.find(unhinted);
+  REQUIRE(at != std::string::npos);
+  std::string hinted = v.source;
+  hinted.replace(at, unhinted.size(), "static constexpr int kRopeHint = KT_CACHE_HINT;");
+  sandbox::BuildResult refused = cache.build(spec.build_request(hinted));
+  INFO(refused.log.substr(refused.log.size() > 3000 ? refused.log.size() - 3000 : 0));
+  CHECK_FALSE(refused.ok);
+  CHECK(refused.log.find("[ktune: error: the build is refused: ") != std::string::npos);
+  CHECK(refused.log.find("compiled to the LDGSTS form that ptxas 13.0 mis-encodes") != std::string::npos);
+  CHECK(refused.log.find(" in ktune_k0 (") != std::string::npos);
 }
 
 TEST_CASE("KTUNE_CUDA_LINK=separate builds the megakernel by separate compilation and nvlink") {
