@@ -8,6 +8,7 @@
 // empty, invalid or already measured gives no proposal and the session goes
 // on. Budgets (calls, tokens, seconds waiting for the model) end the
 // designer's work: propose() then returns nothing, which ends the session.
+#include <algorithm>
 #include <deque>
 #include <map>
 
@@ -412,6 +413,24 @@ class LlmDesigner : public Designer {
       s += std::to_string(a.seq) + " | " + a.origin + " | " + what + " | " + outcome + " | " +
            (timed ? number(a.score_us, "%.1f") : "") + " | " + (timed ? number(a.speedup, "%.2f") + "x" : "") + " | " +
            one_line(without_paths(a.error), 200) + "\n";
+    }
+    if (!ctx.earlier.empty()) {
+      // What earlier sessions learned on this same code: their fastest
+      // points and their failures (the latest ones), not measured again.
+      std::vector<const AttemptView*> ok, failed;
+      for (const AttemptView& a : ctx.earlier) (a.outcome == "ok" && a.speedup > 0 ? ok : failed).push_back(&a);
+      std::sort(ok.begin(), ok.end(), [](const AttemptView* a, const AttemptView* b) { return a->speedup > b->speedup; });
+      constexpr size_t kShown = 10;
+      if (ok.size() > kShown) ok.resize(kShown);
+      if (failed.size() > kShown) failed.erase(failed.begin(), failed.end() - kShown);
+      s += "\n# Earlier sessions on this code (" + std::to_string(ctx.earlier.size()) +
+           " attempts; their fastest points, then their latest failures; speedup over their own baseline)\n";
+      s += "knobs | outcome | us | speedup | error\n";
+      for (const std::vector<const AttemptView*>* list : {&ok, &failed})
+        for (const AttemptView* a : *list)
+          s += knob_diff(space, a->knobs) + " | " + a->outcome + " | " +
+               (a->score_us > 0 ? number(a->score_us, "%.1f") : "") + " | " +
+               (a->speedup > 0 ? number(a->speedup, "%.2f") + "x" : "") + " | " + one_line(without_paths(a->error), 200) + "\n";
     }
     if (!rejections_.empty()) {
       s += "\n# Your latest replies that gave no attempt (oldest first)\n";

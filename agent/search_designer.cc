@@ -7,9 +7,14 @@
 //  - A knob value whose every attempt failed (compile error, crash, wrong
 //    answer, ...) is not proposed again once it failed twice.
 //  - Points already measured, in this session or an earlier one on the same
-//    task, are never proposed.
+//    task, are never proposed, with two exceptions that start each session
+//    on this machine as it is now: the defaults, and the fastest point of
+//    earlier sessions still on the same code, are measured again.
+//  - What is learned (failures, weights) comes from this session and from
+//    the earlier sessions' attempts on the same code.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "agent/designer.h"
@@ -43,7 +48,21 @@ class SearchDesigner : public Designer {
       out->push_back(p);
     };
     learn(ctx);
-    try_add(space.defaults(), "the template's default knobs (the hand-tuned starting point)", "");
+    // The session's starting points, measured here even when an earlier
+    // session measured them: a best must be timed in this session to be
+    // compared with its candidates.
+    std::set<std::string> here;
+    for (const AttemptView& a : ctx.history) here.insert(a.variant);
+    auto start_from = [&](const json& knobs, const std::string& why) {
+      std::string id = ctx.variant_id(knobs, "");
+      if (id.empty() || here.count(id) || int(out->size()) >= max) return;
+      taken.erase(id);
+      try_add(knobs, why, "");
+    };
+    start_from(space.defaults(), "the template's default knobs (the hand-tuned starting point)");
+    if (const AttemptView* earlier = fastest(ctx.earlier))
+      start_from(earlier->knobs, "the fastest point of earlier sessions on this code (" + fixed(earlier->score_us, 1) +
+                                     " us, " + fixed(earlier->speedup, 2) + "x their baseline), measured again as a start");
     // Neighbours of the best megakernel variant, or of the defaults while
     // the best is of another template (the baseline). That base is the
     // parent of every point below (the random ones too: their knob changes
@@ -98,10 +117,25 @@ class SearchDesigner : public Designer {
   std::map<std::string, Stat> stats_;
 
   static std::string key(const std::string& knob, const json& v) { return knob + "=" + v.dump(); }
+  static std::string fixed(double v, int decimals) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.*f", decimals, v);
+    return text;
+  }
+
+  // The ok attempt with the largest speedup; nullptr when none is ok.
+  static const AttemptView* fastest(const std::vector<AttemptView>& attempts) {
+    const AttemptView* best = nullptr;
+    for (const AttemptView& a : attempts)
+      if (a.outcome == "ok" && a.speedup > 0 && (!best || a.speedup > best->speedup)) best = &a;
+    return best;
+  }
 
   void learn(const DesignContext& ctx) {
     stats_.clear();
-    for (const AttemptView& a : ctx.history) {
+    std::vector<AttemptView> all = ctx.earlier;
+    all.insert(all.end(), ctx.history.begin(), ctx.history.end());
+    for (const AttemptView& a : all) {
       if (a.template_name != ctx.megakernel->name || !a.knobs.is_object() || a.outcome.empty() ||
           a.outcome == "interrupted")
         continue;

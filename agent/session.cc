@@ -214,6 +214,26 @@ class Session {
     return true;
   }
 
+  // The attempts of earlier sessions in `judged` whose knobs render to
+  // their own variant today: what the search learns from before it has
+  // measured anything. Worked out once a session (a render per variant).
+  std::vector<AttemptView> still_current(const std::vector<traces::AttemptRow>& judged,
+                                         const std::function<std::string(const json&, const std::string&)>& variant_id) {
+    std::vector<AttemptView> out;
+    std::map<std::string, bool> current;  // variant id -> renders to itself today
+    for (const traces::AttemptRow& a : judged) {
+      if (a.session_id == session_) continue;
+      AttemptView v = view_of(a);
+      if (v.template_name != mega_t_->name || !v.knobs.is_object()) continue;
+      auto it = current.find(v.variant);
+      if (it == current.end()) it = current.emplace(v.variant, variant_id(v.knobs, "") == v.variant).first;
+      if (it->second) out.push_back(v);
+    }
+    if (!out.empty())
+      progress_.note("the search learns from " + std::to_string(out.size()) + " attempts of earlier sessions on the same code");
+    return out;
+  }
+
   AttemptView view_of(const traces::AttemptRow& a) {
     AttemptView v;
     v.seq = a.seq;
@@ -537,9 +557,9 @@ class Session {
     ctx.budget_left_s = left();
     ctx.seed = opts_.seed;
     std::string err;
-    std::vector<std::string> earlier;
-    if (store_.measured_variants(opts_.task, opts_.backend, opts_.size, &earlier, &err))
-      ctx.measured.insert(earlier.begin(), earlier.end());
+    std::vector<traces::AttemptRow> judged;
+    if (store_.judged_attempts(opts_.task, opts_.backend, opts_.size, &judged, &err))
+      for (const traces::AttemptRow& a : judged) ctx.measured.insert(a.variant);
     ctx.measured.insert(measured_.begin(), measured_.end());
     ctx.next_attempt = next_seq_ + queued;
     ctx.record = [this](const std::string& kind, const json& data) { emit_or_die(kind, 0, data); };
@@ -548,6 +568,8 @@ class Session {
       std::string e;
       return render_variant(cfg_, spec_, *mega_t_, knobs, source, &v, &e) ? v.id : std::string();
     };
+    if (!earlier_) earlier_ = still_current(judged, ctx.variant_id);
+    ctx.earlier = *earlier_;
     std::vector<Proposal> proposals;
     bool ok = designer_->propose(ctx, batch, &proposals, &err);
     totals_.design += mono_seconds() - t0;
@@ -607,6 +629,7 @@ class Session {
   std::vector<int> interrupted_;
   std::vector<AttemptView> history_;
   std::set<std::string> measured_;
+  std::optional<std::vector<AttemptView>> earlier_;  // still_current(), once the first design step needs it
   std::optional<AttemptView> best_;
   measure::Score best_score_;
   std::string best_artifact_;  // the best's build, when this run of the session built it

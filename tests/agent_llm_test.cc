@@ -20,8 +20,7 @@
 #include "agent/replay_server.h"
 #include "base/clock.h"
 #include "base/fs.h"
-#include "base/sha256.h"
-#include "kernels/kimi/templates.h"
+#include "tests/agent_fixture.h"
 #include "sandbox/process.h"
 #include "traces/store.h"
 
@@ -321,16 +320,8 @@ TEST_CASE("llm designer: reads JSON in prose and fences, rejects invalid knobs a
       content(knobs_reply({{"threads", 4}, {"tile", 128}})),
       content(knobs_reply({{"mla", "absorbed"}})),
   });
-  DesignContext ctx;
-  ctx.task = "kimi-linear";
-  ctx.size = "small";
-  ctx.backend = "host";
-  ctx.megakernel = kimi::megakernel_template("host");
-  REQUIRE(ctx.megakernel);
-  ctx.megakernel_source = *variants::embedded_file(ctx.megakernel->file);
-  ctx.budget_left_s = 60;
+  DesignContext ctx = testing::host_design_context();
   ctx.next_attempt = 5;
-  ctx.variant_id = [](const json& knobs, const std::string& source) { return sha256_hex(knobs.dump() + source); };
   std::vector<json> calls;
   ctx.record = [&](const std::string& kind, const json& data) {
     CHECK(kind == "llm_call");
@@ -388,18 +379,52 @@ TEST_CASE("llm designer: reads JSON in prose and fences, rejects invalid knobs a
   CHECK(usage["stopped"].get<std::string>().find("7 model calls") != std::string::npos);
 }
 
+TEST_CASE("llm designer: the prompt shows what earlier sessions on the same code found") {
+  ServerThread server({content(knobs_reply({{"unroll", 4}}))});
+  DesignContext ctx = testing::host_design_context();
+  std::vector<json> calls;
+  ctx.record = [&](const std::string&, const json& data) { calls.push_back(data); };
+  auto earlier = [&](const json& knobs, const std::string& outcome, double us, double speedup, const std::string& error) {
+    ctx.earlier.push_back(testing::attempt_at(ctx, knobs, outcome, us, speedup, error));
+  };
+  earlier({{"threads", 4}}, "ok", 900.0, 12.5, "");
+  earlier({{"tile", 16}}, "wrong_answer", 0, 0, "L0.S: cosine 0.2 below the gate");
+  earlier({{"threads", 8}, {"tile", 128}}, "ok", 450.0, 25.0, "");
+  std::string err;
+  auto designer = make_designer("llm", {{"api", "openai"}, {"url", server.url()}, {"model", "m"}}, &err);
+  REQUIRE_MESSAGE(designer, err);
+  std::vector<Proposal> out;
+  REQUIRE(designer->propose(ctx, 1, &out, &err));
+  REQUIRE(calls.size() == 1);
+  const std::string prompt = calls[0]["prompt"];
+  INFO(prompt);
+  const size_t section = prompt.find("# Earlier sessions on this code (3 attempts;");
+  REQUIRE(section != std::string::npos);
+  const size_t fast = prompt.find("threads=8 tile=128 | ok | 450.0 | 25.00x |", section);
+  const size_t slower = prompt.find("threads=4 | ok | 900.0 | 12.50x |", section);
+  const size_t failed = prompt.find("tile=16 | wrong_answer |  |  | L0.S: cosine 0.2 below the gate", section);
+  CHECK(fast != std::string::npos);
+  CHECK(slower != std::string::npos);
+  CHECK(failed != std::string::npos);
+  CHECK(fast < slower);  // fastest first, then the failures
+  CHECK(slower < failed);
+
+  // Without earlier sessions there is no such section.
+  ServerThread again({content(knobs_reply({{"unroll", 4}}))});
+  ctx.earlier.clear();
+  calls.clear();
+  auto fresh = make_designer("llm", {{"api", "openai"}, {"url", again.url()}, {"model", "m"}}, &err);
+  REQUIRE(fresh->propose(ctx, 1, &out, &err));
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0]["prompt"].get<std::string>().find("# Earlier sessions") == std::string::npos);
+}
+
 TEST_CASE("llm designer: a token budget stops it; a failed round is a designer failure the session survives") {
   // Each call costs 1500 tokens in and 10 out, as the server says.
   std::vector<ScriptedResponse> script = {content(knobs_reply({{"tile", 32}})), content("no JSON here")};
   for (ScriptedResponse& r : script) r.tokens_in = 1500, r.tokens_out = 10;
   ServerThread server(script);
-  DesignContext ctx;
-  ctx.task = "kimi-linear";
-  ctx.size = "small";
-  ctx.backend = "host";
-  ctx.megakernel = kimi::megakernel_template("host");
-  ctx.budget_left_s = 60;
-  ctx.variant_id = [](const json& knobs, const std::string& source) { return sha256_hex(knobs.dump() + source); };
+  DesignContext ctx = testing::host_design_context();
   std::vector<json> calls;
   ctx.record = [&](const std::string&, const json& data) { calls.push_back(data); };
   std::string err;

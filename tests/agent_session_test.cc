@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fcntl.h>
+#include <map>
 #include <set>
 #include <sys/wait.h>
 #include <thread>
@@ -185,6 +186,79 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   REQUIRE(read_file(trace, &a, &err));
   REQUIRE(read_file(trace2, &b, &err));
   CHECK(std::count(a.begin(), a.end(), '\n') == std::count(b.begin(), b.end(), '\n'));
+}
+
+TEST_CASE("a later session on the same database starts from the defaults and the fastest point measured before") {
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite";
+  auto session = [&](const char* seed, const char* budget) {
+    Run r = run_ktune({"run", "--size", "tiny", "--backend", "host", "--budget", budget, "--db", db, "--seed", seed}, 300,
+                      dir.path);
+    REQUIRE(r.exit_code == 0);
+    return r.out;
+  };
+  // The variant event that proposed each attempt of a session: its rationale.
+  auto rationales = [&](int64_t id) {
+    traces::Store store;
+    std::string err;
+    REQUIRE(store.open(db, &err));
+    std::vector<traces::Event> events;
+    REQUIRE_MESSAGE(store.events(id, &events, &err), err);
+    std::map<int, std::string> by_attempt;
+    std::string last;
+    for (const traces::Event& e : events) {
+      if (e.kind == "variant") last = e.data.value("rationale", "");
+      if (e.kind == "attempt_started") by_attempt[e.attempt] = last;
+    }
+    return by_attempt;
+  };
+  const std::string first_out = session("1", "20s");
+  CHECK(first_out.find("learns from") == std::string::npos);  // nothing earlier
+  const std::vector<AttemptRow> first = attempts(db, 1);
+  REQUIRE(first.size() >= 4);
+  // The defaults are proposed first; the fastest ok attempt is what a
+  // later session starts from (by its speedup over its own baseline).
+  traces::Store store;
+  std::string err;
+  REQUIRE(store.open(db, &err));
+  std::vector<traces::AttemptRow> rows;
+  REQUIRE(store.attempts(1, &rows, &err));
+  const traces::AttemptRow* fastest = nullptr;
+  for (const traces::AttemptRow& a : rows)
+    if (a.purpose == "candidate" && a.outcome == "ok" && (!fastest || a.speedup > fastest->speedup)) fastest = &a;
+  REQUIRE(fastest);
+  const std::string defaults = first[1].variant, best_before = fastest->variant;
+  CHECK(rationales(1)[2].rfind("the template's default knobs", 0) == 0);
+
+  const std::string second_out = session("2", "6s");
+  CHECK(second_out.find("the search learns from ") != std::string::npos);
+  const std::vector<AttemptRow> second = attempts(db, 2);
+  REQUIRE(second.size() >= 3);
+  CHECK(second[0].purpose == "baseline");
+  CHECK(second[1].variant == defaults);  // measured again, though session 1 measured it
+  if (best_before != defaults) {
+    CHECK(second[2].variant == best_before);
+    CHECK(rationales(2)[3].rfind("the fastest point of earlier sessions on this code (", 0) == 0);
+  }
+  // Every other proposal is a point neither session had measured before.
+  std::set<std::string> before;
+  for (const AttemptRow& a : first) before.insert(a.variant);
+  for (size_t i = 3; i < second.size(); ++i) CHECK_MESSAGE(!before.count(second[i].variant), "attempt " << second[i].seq);
+
+  // A point whose stored knobs no longer render to its code (an older
+  // template, here: knobs edited in the database) is not learned from, and
+  // not started from.
+  if (best_before != defaults) {
+    sqlite3* h = store.handle();
+    const std::string edit = "UPDATE variants SET knobs = '{\"tile\": 16}' WHERE id = '" + best_before + "'";
+    REQUIRE(sqlite3_exec(h, edit.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+    store.close();
+    session("3", "4s");
+    const std::vector<AttemptRow> third = attempts(db, 3);
+    for (const AttemptRow& a : third) CHECK(a.variant != best_before);
+    for (const auto& [seq, why] : rationales(3))
+      if (why.rfind("the fastest point of earlier sessions", 0) == 0) CHECK(third[size_t(seq - 1)].variant != best_before);
+  }
 }
 
 TEST_CASE("broken variants of every kind are classified and the session goes on") {

@@ -195,12 +195,13 @@ TEST_CASE("a recorded session lands in the derived tables") {
   CHECK_FALSE(store.variant("zzz", &v, &err));
   CHECK(err.find("no variant") != std::string::npos);
 
-  std::vector<std::string> measured;
-  REQUIRE(store.measured_variants("kimi", "host", "tiny", &measured, &err));
-  CHECK(std::set<std::string>(measured.begin(), measured.end()) ==
-        std::set<std::string>{s.base, s.fast, s.broken, s.slow, s.wrong});
-  REQUIRE(store.measured_variants("kimi", "cuda", "tiny", &measured, &err));
-  CHECK(measured.empty());
+  std::vector<AttemptRow> judged;
+  REQUIRE(store.judged_attempts("kimi", "host", "tiny", &judged, &err));
+  std::set<std::string> measured;
+  for (const AttemptRow& a : judged) measured.insert(a.variant);
+  CHECK(measured == std::set<std::string>{s.base, s.fast, s.broken, s.slow, s.wrong});
+  REQUIRE(store.judged_attempts("kimi", "cuda", "tiny", &judged, &err));
+  CHECK(judged.empty());
 }
 
 TEST_CASE("best names nothing in a database without a session's best") {
@@ -293,7 +294,7 @@ TEST_CASE("unknown kinds are kept as events; resuming reopens and extends the bu
   CHECK(events[0].t >= 0);
 }
 
-TEST_CASE("measured_variants skips attempts in flight or interrupted, and other workloads") {
+TEST_CASE("judged_attempts skips attempts in flight or interrupted, and other workloads") {
   TempDir dir;
   Store store;
   std::string err;
@@ -308,13 +309,21 @@ TEST_CASE("measured_variants skips attempts in flight or interrupted, and other 
         store.record(session, "attempt_started", seq, {{"variant", variant}, {"purpose", "candidate"}}, &err), err);
     if (*outcome) REQUIRE_MESSAGE(store.record(session, "attempt_finished", seq, {{"outcome", outcome}}, &err), err);
   };
+  int64_t tiny_again = 0;
+  REQUIRE(store.create_session({{"task", "kimi"}, {"size", "tiny"}, {"backend", "host"}}, &tiny_again, &err));
+  attempt(tiny_again, 1, "done", "ok");
   attempt(tiny, 1, "done", "launch_error");
   attempt(tiny, 2, "flying", "");
   attempt(tiny, 3, "cut", "interrupted");
   attempt(big, 1, "elsewhere", "ok");
-  std::vector<std::string> measured;
-  REQUIRE(store.measured_variants("kimi", "host", "tiny", &measured, &err));
-  CHECK(measured == std::vector<std::string>{"done"});
+  std::vector<AttemptRow> judged;
+  REQUIRE(store.judged_attempts("kimi", "host", "tiny", &judged, &err));
+  REQUIRE(judged.size() == 2);  // by session, then seq
+  CHECK(judged[0].session_id == tiny);
+  CHECK(judged[0].variant == "done");
+  CHECK(judged[0].outcome == "launch_error");
+  CHECK(judged[1].session_id == tiny_again);
+  CHECK(judged[1].outcome == "ok");
 }
 
 // The child records attempts as fast as it can until it is killed; it tells

@@ -896,16 +896,14 @@ bool Store::timings(int64_t session, int attempt, json* out, std::string* err) {
   return s.done(err);
 }
 
-bool Store::measured_variants(const std::string& task, const std::string& backend, const std::string& size,
-                              std::vector<std::string>* out, std::string* err) {
+bool Store::judged_attempts(const std::string& task, const std::string& backend, const std::string& size,
+                            std::vector<AttemptRow>* out, std::string* err) {
   if (!db_) return fail(err, "the store is not open");
-  Stmt s(db_,
-         "SELECT DISTINCT a.variant FROM attempts a JOIN sessions s ON s.id = a.session_id "
-         "WHERE s.task = ?1 AND s.backend = ?2 AND s.size = ?3 AND a.outcome NOT IN ('', 'interrupted') "
-         "ORDER BY a.variant");
+  Stmt s(db_, kAttemptSelect +
+                  " a WHERE a.outcome NOT IN ('', 'interrupted') AND a.session_id IN "
+                  "(SELECT id FROM sessions WHERE task = ?1 AND backend = ?2 AND size = ?3) ORDER BY a.session_id, a.seq");
   s.bind(task, backend, size);
-  return collect(
-      s, [](const Stmt& row) { return row.text(0); }, out, err);
+  return collect(s, read_attempt, out, err);
 }
 
 // --- JSON forms of the rows -------------------------------------------------

@@ -101,11 +101,12 @@ class Store {
   // Every timing sample of one attempt: [{context, samples_us: [...]}, ...],
   // each entry also carrying steps, warmup, median_us, p10_us, p90_us, mad_us.
   bool timings(int64_t session, int attempt, json* out, std::string* err);
-  // The ids of all variants with an ok or failed attempt in any session of
-  // this task/backend/size (a designer never measures one twice). Attempts
-  // in flight or interrupted do not count: their variant was not judged.
-  bool measured_variants(const std::string& task, const std::string& backend, const std::string& size,
-                         std::vector<std::string>* out, std::string* err);
+  // Every ok or failed attempt in any session of this task/backend/size,
+  // by session and seq: what a designer knows of the workload already.
+  // Attempts in flight or interrupted are left out: their variant was not
+  // judged.
+  bool judged_attempts(const std::string& task, const std::string& backend, const std::string& size,
+                       std::vector<AttemptRow>* out, std::string* err);
 
   sqlite3* handle() { return db_; }
 
