@@ -33,11 +33,11 @@ struct DesignContext {
   json facts = json::object();     // device facts
   json probes = json::array();     // measured hardware numbers and floors
   std::vector<AttemptView> history;
-  // Judged attempts of earlier sessions on the same task, backend and size
-  // whose knobs render to the same code today (so what they showed still
-  // holds): megakernel points only, oldest first.
+  // Judged attempts of earlier sessions on the same task, backend, size and
+  // device whose knobs render to the same code today (so what they showed
+  // still holds): megakernel points only, oldest first.
   std::vector<AttemptView> earlier;
-  std::set<std::string> measured;  // variant ids already measured (this session and earlier ones)
+  std::set<std::string> measured;  // variant ids already measured (this session and earlier ones on this device)
   const AttemptView* best = nullptr;
   double baseline_us = 0;
   double budget_left_s = 0;

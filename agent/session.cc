@@ -230,8 +230,28 @@ class Session {
       if (it->second) out.push_back(v);
     }
     if (!out.empty())
-      progress_.note("the search learns from " + std::to_string(out.size()) + " attempts of earlier sessions on the same code");
+      progress_.note("the search learns from " + std::to_string(out.size()) +
+                     " attempts of earlier sessions on the same code and device");
     return out;
+  }
+
+  // Whether a session of this database ran on the device this one runs on
+  // (the name in its "device" probe): what was measured on another GPU is
+  // neither learned from nor taken as measured here, since the fastest
+  // point of one GPU need not be another's. This session always counts.
+  bool same_device(int64_t session) {
+    if (session == session_) return true;
+    auto it = same_device_.find(session);
+    if (it != same_device_.end()) return it->second;
+    std::string there, err;
+    std::vector<traces::Event> probes;
+    if (store_.events(session, &probes, &err, "probe"))
+      for (const traces::Event& e : probes)
+        if (e.data.value("name", "") == "device" && e.data.contains("detail") && e.data["detail"].is_object())
+          there = e.data["detail"].value("device", "");
+    const bool same = !there.empty() && there == runner_.facts().value("device", "");
+    same_device_[session] = same;
+    return same;
   }
 
   AttemptView view_of(const traces::AttemptRow& a) {
@@ -558,8 +578,10 @@ class Session {
     ctx.seed = opts_.seed;
     std::string err;
     std::vector<traces::AttemptRow> judged;
-    if (store_.judged_attempts(opts_.task, opts_.backend, opts_.size, &judged, &err))
+    if (store_.judged_attempts(opts_.task, opts_.backend, opts_.size, &judged, &err)) {
+      std::erase_if(judged, [this](const traces::AttemptRow& a) { return !same_device(a.session_id); });
       for (const traces::AttemptRow& a : judged) ctx.measured.insert(a.variant);
+    }
     ctx.measured.insert(measured_.begin(), measured_.end());
     ctx.next_attempt = next_seq_ + queued;
     ctx.record = [this](const std::string& kind, const json& data) { emit_or_die(kind, 0, data); };
@@ -630,6 +652,7 @@ class Session {
   std::vector<AttemptView> history_;
   std::set<std::string> measured_;
   std::optional<std::vector<AttemptView>> earlier_;  // still_current(), once the first design step needs it
+  std::map<int64_t, bool> same_device_;              // session id -> same_device()
   std::optional<AttemptView> best_;
   measure::Score best_score_;
   std::string best_artifact_;  // the best's build, when this run of the session built it

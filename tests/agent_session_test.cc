@@ -188,7 +188,7 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   CHECK(std::count(a.begin(), a.end(), '\n') == std::count(b.begin(), b.end(), '\n'));
 }
 
-TEST_CASE("a later session on the same database starts from the defaults and the fastest point measured before") {
+TEST_CASE("a later session on the same database and device starts from the defaults and the fastest point measured before") {
   TempDir dir;
   const std::string db = dir.path + "/runs.sqlite";
   auto session = [&](const char* seed, const char* budget) {
@@ -259,6 +259,24 @@ TEST_CASE("a later session on the same database starts from the defaults and the
     for (const auto& [seq, why] : rationales(3))
       if (why.rfind("the fastest point of earlier sessions", 0) == 0) CHECK(third[size_t(seq - 1)].variant != best_before);
   }
+
+  // Sessions recorded on another device are not learned from: a session
+  // here starts as the first one did.
+  traces::Store again;
+  REQUIRE(again.open(db, &err));
+  const char* elsewhere =
+      "UPDATE events SET data = json_set(data, '$.detail.device', 'Another GPU') "
+      "WHERE kind = 'probe' AND json_extract(data, '$.name') = 'device'";
+  REQUIRE(sqlite3_exec(again.handle(), elsewhere, nullptr, nullptr, nullptr) == SQLITE_OK);
+  CHECK(sqlite3_changes(again.handle()) >= 2);
+  again.close();
+  const std::string fourth_out = session("4", "4s");
+  CHECK(fourth_out.find("learns from") == std::string::npos);
+  const int64_t fourth_id = best_before != defaults ? 4 : 3;
+  const std::map<int, std::string> fourth_why = rationales(fourth_id);
+  REQUIRE(fourth_why.count(2));
+  CHECK(fourth_why.at(2).rfind("the template's default knobs", 0) == 0);
+  for (const auto& [seq, why] : fourth_why) CHECK(why.rfind("the fastest point of earlier sessions", 0) != 0);
 }
 
 TEST_CASE("broken variants of every kind are classified and the session goes on") {
