@@ -236,20 +236,17 @@ class Session {
   }
 
   // Whether a session of this database ran on the device this one runs on
-  // (the name in its "device" probe): what was measured on another GPU is
+  // (SessionRow::device): what was measured on another GPU is
   // neither learned from nor taken as measured here, since the fastest
   // point of one GPU need not be another's. This session always counts.
   bool same_device(int64_t session) {
     if (session == session_) return true;
     auto it = same_device_.find(session);
     if (it != same_device_.end()) return it->second;
-    std::string there, err;
-    std::vector<traces::Event> probes;
-    if (store_.events(session, &probes, &err, "probe"))
-      for (const traces::Event& e : probes)
-        if (e.data.value("name", "") == "device" && e.data.contains("detail") && e.data["detail"].is_object())
-          there = e.data["detail"].value("device", "");
-    const bool same = !there.empty() && there == runner_.facts().value("device", "");
+    traces::SessionRow earlier;
+    std::string err;
+    const bool same = store_.session(session, &earlier, &err) && !earlier.device.empty() &&
+                      earlier.device == runner_.facts().value("device", "");
     same_device_[session] = same;
     return same;
   }

@@ -57,6 +57,7 @@ TEST_CASE("history lists sessions, and one session's attempts") {
   CHECK(sessions[0]["best_speedup"] == 1.25);
   CHECK(sessions[0]["attempts"] == 5);
   CHECK(sessions[0]["wall_s"] == 120.0);
+  CHECK(sessions[0]["device"] == "");  // the synthetic session has no device probe
 
   REQUIRE_MESSAGE(history_report(r.store, r.s.session, false, &out, &err), err);
   for (const char* part : {"compile_error", "wrong_answer", "rolled_back", "accepted", "slower than best", "baseline",
@@ -86,13 +87,15 @@ TEST_CASE("compare sets two sessions side by side") {
     REQUIRE_MESSAGE(r.store.record(other, kind, attempt, data, &err, t, r.s.start_wall + 1000 + t), err);
   };
   rec(1, "variant", 0, {{"id", r.s.base}, {"template", "megakernel"}});
+  rec(1.5, "probe", 0, {{"name", "device"}, {"value", 0}, {"unit", ""}, {"detail", {{"device", "NVIDIA H100 80GB HBM3"}}}});
   rec(2, "attempt_started", 1, {{"variant", r.s.base}, {"purpose", "baseline"}});
   rec(60, "attempt_finished", 1, {{"outcome", "ok"}, {"decision", "accepted"}, {"score_us", 110.0}, {"speedup", 1.0}});
   rec(3600, "session_ended", 0, {{"status", "interrupted"}, {"reason", "ctrl-c"}});
 
   REQUIRE_MESSAGE(compare_report(r.store, r.s.session, other, false, &out, &err), err);
   for (const char* part : {"session 1", "session 2", "kimi/tiny/host", "search", "llm", "compile_error", "rolled back",
-                           "1.25x", "1.00x", "110.0", "time to best", "17.2s", "2m00s", "1h00m", "150.0"})
+                           "1.25x", "1.00x", "110.0", "time to best", "17.2s", "2m00s", "1h00m", "150.0", "device",
+                           "NVIDIA H100 80GB HBM3"})
     CHECK_MESSAGE(contains(out, part), part);
 
   REQUIRE(compare_report(r.store, r.s.session, other, true, &out, &err));
@@ -106,6 +109,12 @@ TEST_CASE("compare sets two sessions side by side") {
   CHECK(j["a"]["time_to_best_s"] == r.s.best_changed_t);
   CHECK(j["a"]["attempts_per_hour"] == 150.0);
   CHECK(j["b"]["designer"] == "llm");
+  CHECK(j["b"]["device"] == "NVIDIA H100 80GB HBM3");
+  CHECK(j["a"]["device"] == "");
+  REQUIRE_MESSAGE(history_report(r.store, std::nullopt, false, &out, &err), err);
+  CHECK(contains(out, "NVIDIA H100 80GB HBM3"));  // the sessions' list names each one's device
+  REQUIRE_MESSAGE(history_report(r.store, other, false, &out, &err), err);
+  CHECK(contains(out, "kimi/tiny/host on NVIDIA H100 80GB HBM3"));
   CHECK(j["b"]["best_speedup"] == 1.0);  // the baseline is its best
   CHECK(j["b"]["best_us"] == 110.0);
   CHECK(j["b"]["time_to_best_s"].is_null());

@@ -326,6 +326,44 @@ TEST_CASE("judged_attempts skips attempts in flight or interrupted, and other wo
   CHECK(judged[1].outcome == "ok");
 }
 
+TEST_CASE("a session's device is its latest device probe's name; a damaged event does not hide the session") {
+  TempDir dir;
+  Store store;
+  std::string err;
+  REQUIRE_MESSAGE(store.open(dir.file("k.sqlite"), &err), err);
+  int64_t id = 0;
+  REQUIRE(store.create_session({{"task", "kimi"}, {"size", "tiny"}, {"backend", "cuda"}}, &id, &err));
+  auto device_now = [&] {
+    SessionRow row;
+    REQUIRE_MESSAGE(store.session(id, &row, &err), err);
+    return row.device;
+  };
+  auto probe = [&](const json& data) { REQUIRE_MESSAGE(store.record(id, "probe", 0, data, &err), err); };
+  CHECK(device_now().empty());  // no probe yet
+  probe({{"name", "bandwidth"}, {"value", 3000.0}, {"unit", "GB/s"}, {"detail", {{"device", "not this one"}}}});
+  CHECK(device_now().empty());  // only the device probe names it
+  probe({{"name", "device"}, {"value", 0}, {"unit", ""}, {"detail", {{"backend", "cuda"}, {"device", "GPU A"}}}});
+  CHECK(device_now() == "GPU A");
+  // Resumed on another machine: the latest probe is where it runs now.
+  probe({{"name", "device"}, {"value", 0}, {"unit", ""}, {"detail", {{"backend", "cuda"}, {"device", "GPU B"}}}});
+  CHECK(device_now() == "GPU B");
+  std::vector<SessionRow> all;
+  REQUIRE(store.sessions(&all, &err));
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].device == "GPU B");
+  json j = all[0];
+  CHECK(j["device"] == "GPU B");
+
+  // An event whose JSON was damaged by hand is skipped, not an SQL error.
+  REQUIRE(sqlite3_exec(store.handle(),
+                       "UPDATE events SET data = '{\"name\": \"device\", broken' WHERE seq = "
+                       "(SELECT MAX(seq) FROM events WHERE kind = 'probe')",
+                       nullptr, nullptr, nullptr) == SQLITE_OK);
+  CHECK(device_now() == "GPU A");
+  REQUIRE(store.sessions(&all, &err));
+  CHECK(all.size() == 1);
+}
+
 // The child records attempts as fast as it can until it is killed; it tells
 // the parent through a pipe once the first attempt is in.
 [[noreturn]] void record_until_killed(const std::string& path, int ready_fd) {

@@ -179,6 +179,7 @@ json session_summary(const SessionRow& r) {
           {"task", r.task},
           {"size", r.size},
           {"backend", r.backend},
+          {"device", r.device},
           {"designer", r.designer},
           {"status", r.status},
           {"started_at", r.started_at},
@@ -207,6 +208,7 @@ bool sessions_report(Store& store, bool as_json, std::string* out, std::string* 
                {"task"},
                {"size"},
                {"backend"},
+               {"device"},
                {"designer"},
                {"status"},
                {"started"},
@@ -215,7 +217,8 @@ bool sessions_report(Store& store, bool as_json, std::string* out, std::string* 
                {"best us", true},
                {"speedup", true}});
   for (const SessionRow& r : rows)
-    table.add({std::to_string(r.id), r.task, r.size, r.backend, r.designer, r.status, date_text(r.started_at),
+    table.add({std::to_string(r.id), r.task, r.size, r.backend, r.device.empty() ? "-" : r.device, r.designer, r.status,
+               date_text(r.started_at),
                duration_text(session_wall_s(r)), std::to_string(r.attempts), us_text(r.best_score_us),
                speedup_text(r.best_speedup)});
   *out = table.render();
@@ -230,7 +233,8 @@ bool session_attempts_report(Store& store, int64_t id, bool as_json, std::string
     *out = json_text({{"session", r}, {"attempts", attempts}}, 2) + "\n";
     return true;
   }
-  *out = "session " + std::to_string(r.id) + "  " + workload_text(r) + "  designer " + r.designer + "  " + r.status +
+  *out = "session " + std::to_string(r.id) + "  " + workload_text(r) + (r.device.empty() ? "" : " on " + r.device) +
+         "  designer " + r.designer + "  " + r.status +
          (r.end_reason.empty() ? "" : " (" + r.end_reason + ")") + "\n";
   *out += "started " + date_text(r.started_at) + "  wall " + duration_text(session_wall_s(r)) + "  baseline " +
           us_text(r.baseline_score_us) + " us  best " + us_text(r.best_score_us) + " us (" +
@@ -272,6 +276,7 @@ bool session_metrics(Store& store, int64_t id, json* metrics, std::string* err) 
               {"task", r.task},
               {"size", r.size},
               {"backend", r.backend},
+              {"device", r.device},
               {"designer", r.designer},
               {"status", r.status},
               {"wall_s", wall_s},
@@ -296,6 +301,7 @@ std::string compare_text(const json& a, const json& b) {
   row("task/size/backend", [](const json& m) {
     return data_string(m, "task") + "/" + data_string(m, "size") + "/" + data_string(m, "backend");
   });
+  row("device", field("device"));
   row("designer", field("designer"));
   row("status", field("status"));
   row("wall time", [](const json& m) { return duration_text(data_number(m, "wall_s")); });

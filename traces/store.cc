@@ -603,11 +603,16 @@ bool insert_event(sqlite3* db, int64_t session, const Event& e, std::string* err
 
 // --- Reading rows -----------------------------------------------------------
 
+// A session's device is the name in its latest "device" probe event (an
+// event whose JSON is damaged is skipped rather than failing the query).
 const std::string kSessionSelect =
     "SELECT s.id, s.task, s.size, s.backend, s.designer, s.status, s.started_at, s.ended_at, s.end_reason, "
     "s.budget_s, s.seed, s.info, s.summary, s.best_variant, s.best_score_us, s.best_speedup, s.baseline_variant, "
     "s.baseline_score_us, (SELECT COUNT(*) FROM attempts a WHERE a.session_id = s.id), "
-    "(SELECT MAX(wall) FROM events e WHERE e.session_id = s.id) FROM sessions s";
+    "(SELECT MAX(wall) FROM events e WHERE e.session_id = s.id), "
+    "(SELECT json_extract(d, '$.detail.device') FROM (SELECT CASE WHEN json_valid(e.data) THEN e.data END AS d, "
+    "e.seq FROM events e WHERE e.session_id = s.id AND e.kind = 'probe') WHERE json_extract(d, '$.name') = 'device' "
+    "ORDER BY seq DESC LIMIT 1) FROM sessions s";
 
 SessionRow read_session(const Stmt& s) {
   SessionRow r;
@@ -631,6 +636,7 @@ SessionRow read_session(const Stmt& s) {
   r.baseline_score_us = s.real(17);
   r.attempts = static_cast<int>(s.integer(18));
   r.last_event_at = s.real(19);
+  r.device = s.text(20);
   return r;
 }
 
@@ -931,6 +937,7 @@ void to_json(json& j, const SessionRow& r) {
        {"baseline_score_us", r.baseline_score_us},
        {"last_event_at", r.last_event_at},
        {"attempts", r.attempts},
+       {"device", r.device},
        {"info", r.info},
        {"summary", r.summary}};
 }

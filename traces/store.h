@@ -36,6 +36,7 @@ struct SessionRow {
   double best_speedup = 0;   // over the baseline; 0 while there is no best
   double last_event_at = 0;  // wall time of its latest event (how far a killed session got)
   int attempts = 0;
+  std::string device;             // its "device" probe's name (the GPU's, or "CPU"); "" before that probe
   json info = json::object();     // the session_started data
   json summary = json::object();  // the session_ended summary
 };
