@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "agent/designer.h"
 #include "base/rng.h"
@@ -51,13 +52,18 @@ class SearchDesigner : public Designer {
     // The session's starting points, measured here even when an earlier
     // session measured them: a best must be timed in this session to be
     // compared with its candidates.
-    std::set<std::string> here;
+    // Once is enough: a start already in this session's history, or proposed
+    // by this designer and still queued (on a GPU the next batch is designed
+    // while one is measured), is not proposed again.
+    std::set<std::string> here = started_;
     for (const AttemptView& a : ctx.history) here.insert(a.variant);
     auto start_from = [&](const json& knobs, const std::string& why) {
       std::string id = ctx.variant_id(knobs, "");
       if (id.empty() || here.count(id) || int(out->size()) >= max) return;
       taken.erase(id);
+      const size_t before = out->size();
       try_add(knobs, why, "");
+      if (out->size() > before) started_.insert(id);
     };
     start_from(space.defaults(), "the template's default knobs (the hand-tuned starting point)");
     if (const AttemptView* earlier = fastest(ctx.earlier))
@@ -115,6 +121,7 @@ class SearchDesigner : public Designer {
     double log_speedup = 0;
   };
   std::map<std::string, Stat> stats_;
+  std::set<std::string> started_;  // the starting points this designer proposed
 
   static std::string key(const std::string& knob, const json& v) { return knob + "=" + v.dump(); }
   static std::string fixed(double v, int decimals) {

@@ -70,6 +70,20 @@ TEST_CASE("search: a later session measures the defaults and the earlier fastest
   CHECK(out[1].parent.empty());
   for (size_t i = 2; i < out.size(); ++i) CHECK_FALSE(ctx.measured.count(ctx.variant_id(out[i].knobs, "")));
 
+  SUBCASE("proposed and still queued, neither is proposed again by the next design step") {
+    // On a GPU the next batch is designed while this one is measured: the
+    // session counts the queued ids as measured, and the history is empty.
+    auto designer = make_search_designer();
+    std::vector<Proposal> first, second;
+    std::string err;
+    REQUIRE(designer->propose(ctx, 4, &first, &err));
+    REQUIRE(first.size() == 4);
+    for (const Proposal& p : first) ctx.measured.insert(ctx.variant_id(p.knobs, ""));
+    REQUIRE(designer->propose(ctx, 4, &second, &err));
+    CHECK(second.size() == 4);  // a full batch of new points
+    for (const Proposal& p : second) CHECK_FALSE(ctx.measured.count(ctx.variant_id(p.knobs, "")));
+  }
+
   SUBCASE("once measured in this session, neither is proposed again") {
     AttemptView here_defaults = defaults, here_fastest = fastest;
     here_defaults.seq = 2;
