@@ -168,6 +168,14 @@ std::string number(double v, const char* format = "%.4g") {
   return buf;
 }
 
+// An attempt's last cells in the prompt's tables, "us | speedup | error":
+// the numbers only when it was timed.
+std::string measured_cells(const AttemptView& a) {
+  const bool timed = a.score_us > 0;
+  return (timed ? number(a.score_us, "%.1f") : "") + " | " + (timed ? number(a.speedup, "%.2f") + "x" : "") + " | " +
+         one_line(without_paths(a.error), 200);
+}
+
 // ---- the designer --------------------------------------------------------------------
 
 class LlmDesigner : public Designer {
@@ -409,10 +417,7 @@ class LlmDesigner : public Designer {
                                                    : (sources_.count(a.variant) ? "own source, " : "") +
                                                          knob_diff(space, a.knobs);
       std::string outcome = a.outcome + (a.decision.empty() ? "" : ", " + a.decision);
-      bool timed = a.score_us > 0;
-      s += std::to_string(a.seq) + " | " + a.origin + " | " + what + " | " + outcome + " | " +
-           (timed ? number(a.score_us, "%.1f") : "") + " | " + (timed ? number(a.speedup, "%.2f") + "x" : "") + " | " +
-           one_line(without_paths(a.error), 200) + "\n";
+      s += std::to_string(a.seq) + " | " + a.origin + " | " + what + " | " + outcome + " | " + measured_cells(a) + "\n";
     }
     if (!ctx.earlier.empty()) {
       // What earlier sessions learned on this same code: their fastest
@@ -428,9 +433,7 @@ class LlmDesigner : public Designer {
       s += "knobs | outcome | us | speedup | error\n";
       for (const std::vector<const AttemptView*>* list : {&ok, &failed})
         for (const AttemptView* a : *list)
-          s += knob_diff(space, a->knobs) + " | " + a->outcome + " | " +
-               (a->score_us > 0 ? number(a->score_us, "%.1f") : "") + " | " +
-               (a->speedup > 0 ? number(a->speedup, "%.2f") + "x" : "") + " | " + one_line(without_paths(a->error), 200) + "\n";
+          s += knob_diff(space, a->knobs) + " | " + a->outcome + " | " + measured_cells(*a) + "\n";
     }
     if (!rejections_.empty()) {
       s += "\n# Your latest replies that gave no attempt (oldest first)\n";
