@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/.devcarry
 rm -rf "$out"
 mkdir -p "$out/golden"
-for f in ktune ktune-runner ktune_probes.cubin gemv_engine handoff_probe icache_probe consumer_rate moe_fused oproj_merge tests/test_agent; do
+for f in ktune ktune-runner ktune_probes.cubin gemv_engine handoff_probe icache_probe consumer_rate moe_fused oproj_merge step_shape tests/test_agent; do
   cp "$root/$build/$f" "$out/"
 done
 strip "$out/ktune" "$out/ktune-runner" "$out/test_agent"
