@@ -15,6 +15,7 @@
 #include "agent/designers.h"
 #include "agent/llm_client.h"
 #include "base/clock.h"
+#include "base/text.h"
 
 namespace ktune::agent {
 
@@ -162,17 +163,11 @@ std::string clipped(const std::string& s, size_t n) {
   return s.substr(0, n) + "\n/* ... " + std::to_string(s.size() - n) + " more characters not shown */\n";
 }
 
-std::string number(double v, const char* format = "%.4g") {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
 // An attempt's last cells in the prompt's tables, "us | speedup | error":
 // the numbers only when it was timed.
 std::string measured_cells(const AttemptView& a) {
   const bool timed = a.score_us > 0;
-  return (timed ? number(a.score_us, "%.1f") : "") + " | " + (timed ? number(a.speedup, "%.2f") + "x" : "") + " | " +
+  return (timed ? formatted("%.1f", a.score_us) : "") + " | " + (timed ? formatted("%.2f", a.speedup) + "x" : "") + " | " +
          one_line(without_paths(a.error), 200);
 }
 
@@ -253,7 +248,7 @@ class LlmDesigner : public Designer {
       stop_reason_ = "the token budget of " + std::to_string(opts_.token_budget) + " was used (" +
                      std::to_string(tokens_in_ + tokens_out_) + " tokens)";
     else if (opts_.time_budget_s > 0 && model_s_ >= opts_.time_budget_s)
-      stop_reason_ = "the time budget of " + number(opts_.time_budget_s, "%.0f") + " s waiting for the model was used";
+      stop_reason_ = "the time budget of " + formatted("%.0f", opts_.time_budget_s) + " s waiting for the model was used";
     if (stop_reason_.empty()) return false;
     json r = call_record("budget");
     r["error"] = stop_reason_;
@@ -370,8 +365,8 @@ class LlmDesigner : public Designer {
     const variants::KnobSpace& space = t.space;
     std::string s = "# Task\n" + ctx.task + ", size " + ctx.size + ", backend " + ctx.backend + ".\n";
     s += "Template " + t.name + " (" + t.file + "): " + t.summary + ".\n";
-    if (ctx.baseline_us > 0) s += "Baseline: " + number(ctx.baseline_us, "%.1f") + " us per step (speedup 1.00x).\n";
-    s += "Session time left: " + number(ctx.budget_left_s, "%.0f") + " s.\n";
+    if (ctx.baseline_us > 0) s += "Baseline: " + formatted("%.1f", ctx.baseline_us) + " us per step (speedup 1.00x).\n";
+    s += "Session time left: " + formatted("%.0f", ctx.budget_left_s) + " s.\n";
 
     s += "\n# Hardware (measured)\n";
     s += "device: " + one_line(ctx.facts.dump(), 1500) + "\n";
@@ -379,7 +374,7 @@ class LlmDesigner : public Designer {
       if (!p.is_object()) continue;
       std::string unit = p.value("unit", "");
       s += p.value("name", "?") + " = " +
-           (p.contains("value") && p["value"].is_number() ? number(p["value"].get<double>()) : "?") +
+           (p.contains("value") && p["value"].is_number() ? formatted("%.4g", p["value"].get<double>()) : "?") +
            (unit.empty() ? "" : " " + unit) + "\n";
     }
 
@@ -397,7 +392,7 @@ class LlmDesigner : public Designer {
     if (ctx.best) {
       const AttemptView& b = *ctx.best;
       s += "attempt " + std::to_string(b.seq) + " (" + b.origin + ", " + b.template_name + "): " +
-           number(b.score_us, "%.1f") + " us per step, " + number(b.speedup, "%.2f") + "x over the baseline\n";
+           formatted("%.1f", b.score_us) + " us per step, " + formatted("%.2f", b.speedup) + "x over the baseline\n";
       if (b.template_name == t.name) {
         s += "knobs: " + b.knobs.dump() + "\n";
         auto it = sources_.find(b.variant);

@@ -2,15 +2,9 @@
 
 #include <cstdio>
 
-namespace ktune::agent {
+#include "base/text.h"
 
-std::string fmt_seconds(double s) {
-  char buf[64];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
-  return buf;
-}
+namespace ktune::agent {
 
 namespace {
 std::string knob_text(const json& knobs) {
@@ -24,7 +18,7 @@ void Progress::header(int64_t session, const SessionOptions& o, bool resumed) {
   if (quiet_) return;
   std::printf("ktune session %lld%s: %s %s on %s, designer %s, budget %s, db %s\n", (long long)session,
               resumed ? " (resumed)" : "", o.task.c_str(), o.size.c_str(), o.backend.c_str(), o.designer.c_str(),
-              fmt_seconds(o.budget_s).c_str(), o.db.c_str());
+              duration_text(o.budget_s).c_str(), o.db.c_str());
   std::fflush(stdout);
 }
 
@@ -50,7 +44,7 @@ void Progress::probes(const json& probes) {
 void Progress::attempt(double t, const AttemptView& a, const Measurement& m, double baseline_us) {
   if (quiet_) return;
   char head[96];
-  std::snprintf(head, sizeof head, "[%s] #%-3d %-9s %s", fmt_seconds(t).c_str(), a.seq, a.origin.c_str(),
+  std::snprintf(head, sizeof head, "[%s] #%-3d %-9s %s", duration_text(t).c_str(), a.seq, a.origin.c_str(),
                 a.variant.substr(0, 12).c_str());
   if (a.outcome == "ok") {
     std::printf("%s  ok %9.1f us  %5.2fx  %-11s launches %d  %s\n", head, a.score_us,
@@ -66,7 +60,7 @@ void Progress::attempt(double t, const AttemptView& a, const Measurement& m, dou
 void Progress::summary(int64_t session, const std::string& status, const std::string& reason, const json& s) {
   if (quiet_) return;
   std::printf("\nsession %lld %s (%s) after %s\n", (long long)session, status.c_str(), reason.c_str(),
-              fmt_seconds(s.value("wall_s", 0.0)).c_str());
+              duration_text(s.value("wall_s", 0.0)).c_str());
   if (s.contains("best_variant")) {
     std::printf("  best       %s  %.1f us  %.2fx over the baseline (%.1f us)\n",
                 s["best_variant"].get<std::string>().substr(0, 12).c_str(), s.value("best_us", 0.0),
@@ -78,7 +72,7 @@ void Progress::summary(int64_t session, const std::string& status, const std::st
   std::printf("  attempts   %d (%s ) accepted %d, rolled back %d\n", s.value("attempts", 0), outcomes.c_str(),
               s.value("accepted", 0), s.value("rolled_back", 0));
   std::string phases;
-  for (auto& [k, v] : s["phase_s"].items()) phases += " " + k + " " + fmt_seconds(v.get<double>());
+  for (auto& [k, v] : s["phase_s"].items()) phases += " " + k + " " + duration_text(v.get<double>());
   std::printf("  wall time %s\n", phases.c_str());
   if (s.contains("designer") && !s["designer"].empty()) std::printf("  designer   %s\n", s["designer"].dump().c_str());
   std::fflush(stdout);

@@ -11,8 +11,6 @@
 
 namespace ktune::agent {
 
-std::string fmt_seconds(double s);  // "1m23s", "4.2s"
-
 class Progress {
  public:
   void set_quiet(bool q) { quiet_ = q; }

@@ -20,6 +20,7 @@
 
 #include "agent/designer.h"
 #include "base/rng.h"
+#include "base/text.h"
 
 namespace ktune::agent {
 
@@ -67,8 +68,8 @@ class SearchDesigner : public Designer {
     };
     start_from(space.defaults(), "the template's default knobs (the hand-tuned starting point)");
     if (const AttemptView* earlier = fastest(ctx.earlier))
-      start_from(earlier->knobs, "the fastest point of earlier sessions on this code (" + fixed(earlier->score_us, 1) +
-                                     " us, " + fixed(earlier->speedup, 2) + "x their baseline), measured again as a start");
+      start_from(earlier->knobs, "the fastest point of earlier sessions on this code (" + formatted("%.1f", earlier->score_us) +
+                                     " us, " + formatted("%.2f", earlier->speedup) + "x their baseline), measured again as a start");
     // Neighbours of the best megakernel variant, or of the defaults while
     // the best is of another template (the baseline). That base is the
     // parent of every point below (the random ones too: their knob changes
@@ -124,11 +125,6 @@ class SearchDesigner : public Designer {
   std::set<std::string> started_;  // the starting points this designer proposed
 
   static std::string key(const std::string& knob, const json& v) { return knob + "=" + v.dump(); }
-  static std::string fixed(double v, int decimals) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.*f", decimals, v);
-    return text;
-  }
 
   // The ok attempt with the largest speedup; nullptr when none is ok.
   static const AttemptView* fastest(const std::vector<AttemptView>& attempts) {

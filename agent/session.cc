@@ -18,6 +18,7 @@
 #include "agent/evaluator.h"
 #include "agent/progress.h"
 #include "base/clock.h"
+#include "base/text.h"
 #include "base/fs.h"
 #include "base/rng.h"
 #include "base/sha256.h"
@@ -120,7 +121,7 @@ class Session {
     double tw = mono_seconds();
     bool generated = false;
     if (!kimi::load_weights(cfg_, opts_.weights_seed, &weights_, err, &generated)) return false;
-    if (generated) progress_.note("generated the task's weights in " + fmt_seconds(mono_seconds() - tw));
+    if (generated) progress_.note("generated the task's weights in " + duration_text(mono_seconds() - tw));
     std::string root = opts_.workdir.empty() ? join_path(cache_dir(), "work") : opts_.workdir;
     if (!make_temp_dir(root, "s" + std::to_string(session_) + "-", &workdir_, err)) return false;
     builds_ = std::make_unique<sandbox::BuildCache>(join_path(cache_dir(), "builds"));

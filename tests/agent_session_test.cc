@@ -212,7 +212,7 @@ TEST_CASE("a later session on the same database and device starts from the defau
     }
     return by_attempt;
   };
-  const std::string first_out = session("1", "20s");
+  const std::string first_out = session("1", "40s");  // >= 4 attempts even on a loaded 2-core machine
   CHECK(first_out.find("learns from") == std::string::npos);  // nothing earlier
   const std::vector<AttemptRow> first = attempts(db, 1);
   REQUIRE(first.size() >= 4);
@@ -230,7 +230,7 @@ TEST_CASE("a later session on the same database and device starts from the defau
   const std::string defaults = first[1].variant, best_before = fastest->variant;
   CHECK(rationales(1)[2].rfind("the template's default knobs", 0) == 0);
 
-  const std::string second_out = session("2", "6s");
+  const std::string second_out = session("2", "10s");
   CHECK(second_out.find("the search learns from ") != std::string::npos);
   const std::vector<AttemptRow> second = attempts(db, 2);
   REQUIRE(second.size() >= 3);

@@ -3,6 +3,7 @@
 // parses and carries the same values, and the replay plot is an SVG.
 #include <doctest/doctest.h>
 
+#include "base/text.h"
 #include "tests/traces_fixture.h"
 #include "traces/report.h"
 
@@ -40,6 +41,19 @@ json parsed(const std::string& text) {
 }
 
 }  // namespace
+
+TEST_CASE("lengths of time and printf text are written one way (base/text.h)") {
+  CHECK(duration_text(4.24) == "4.2s");
+  CHECK(duration_text(59.94) == "59.9s");
+  CHECK(duration_text(83) == "1m23s");
+  CHECK(duration_text(3599) == "59m59s");
+  CHECK(duration_text(7500) == "2h05m");
+  CHECK(formatted("%.2fx", 3.14159) == "3.14x");
+  CHECK(formatted("%.1f us", 171.64) == "171.6 us");
+  // Longer than any fixed buffer the helpers it replaced had: nothing is cut.
+  const std::string name(200, 'k');
+  CHECK(formatted("%s=%d", name.c_str(), 7) == name + "=7");
+}
 
 TEST_CASE("history lists sessions, and one session's attempts") {
   Recorded r;

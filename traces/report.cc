@@ -11,38 +11,25 @@
 #include <map>
 #include <set>
 
+#include "base/text.h"
+
 namespace ktune::traces {
 namespace {
 
 // --- Formatting -------------------------------------------------------------
 
-template <class... Args>
-std::string format(const char* fmt, Args... args) {
-  int n = std::snprintf(nullptr, 0, fmt, args...);
-  std::string s(n > 0 ? n : 0, '\0');
-  std::snprintf(s.data(), s.size() + 1, fmt, args...);
-  return s;
-}
-
 // Microseconds per step; small kernels get a second decimal. "-" when unmeasured.
 std::string us_text(double us) {
   if (us <= 0) return "-";
-  return us < 10 ? format("%.2f", us) : format("%.1f", us);
+  return us < 10 ? formatted("%.2f", us) : formatted("%.1f", us);
 }
 
-std::string speedup_text(double speedup) { return speedup > 0 ? format("%.2fx", speedup) : "-"; }
+std::string speedup_text(double speedup) { return speedup > 0 ? formatted("%.2fx", speedup) : "-"; }
 
 // Seconds since the session started as mm:ss (minutes keep counting past 59).
 std::string mmss(double t) {
   int s = static_cast<int>(std::max(0.0, t));
-  return format("%02d:%02d", s / 60, s % 60);
-}
-
-std::string duration_text(double s) {
-  if (s < 60) return format("%.1fs", s);
-  int whole = static_cast<int>(s);
-  if (whole < 3600) return format("%dm%02ds", whole / 60, whole % 60);
-  return format("%dh%02dm", whole / 3600, whole % 3600 / 60);
+  return formatted("%02d:%02d", s / 60, s % 60);
 }
 
 // Local time, to the minute.
@@ -57,7 +44,7 @@ std::string date_text(double wall) {
 }
 
 std::string number_text(const json& v) {
-  if (v.is_number()) return format("%.6g", v.get<double>());
+  if (v.is_number()) return formatted("%.6g", v.get<double>());
   return v.is_string() ? v.get<std::string>() : v.is_null() ? "-" : json_text(v);
 }
 
@@ -321,7 +308,7 @@ std::string compare_text(const json& a, const json& b) {
     const json& t = data_field(m, "time_to_best_s");
     return t.is_number() ? duration_text(t.get<double>()) : std::string("-");
   });
-  row("attempts per hour", [](const json& m) { return format("%.1f", data_number(m, "attempts_per_hour")); });
+  row("attempts per hour", [](const json& m) { return formatted("%.1f", data_number(m, "attempts_per_hour")); });
   return table.render();
 }
 
@@ -557,7 +544,7 @@ std::string timeline_text(const Timeline& tl) {
   out += "\ntime per phase\n";
   Table phases({{"phase"}, {"time", true}, {"share", true}});
   for (const auto& [name, seconds] : tl.phase_s)
-    phases.add({name, duration_text(seconds), tl.end_t > 0 ? format("%.0f%%", 100 * seconds / tl.end_t) : "-"});
+    phases.add({name, duration_text(seconds), tl.end_t > 0 ? formatted("%.0f%%", 100 * seconds / tl.end_t) : "-"});
   out += phases.render("  ");
 
   out += "\noutcomes ";
@@ -723,44 +710,44 @@ bool replay_svg(const TraceFile& trace, std::string* svg, std::string* err) {
   const json& s = tl.started;
   std::string title = data_string(s, "task") + " " + data_string(s, "size") + " on " + data_string(s, "backend") +
                       ", designer " + data_string(s, "designer") + ": best speedup over time";
-  std::string out = format(
+  std::string out = formatted(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
       width, height, width, height);
-  out += format("<text x=\"%.1f\" y=\"22\" font-size=\"13\">%s</text>\n", left, xml_escape(title).c_str());
+  out += formatted("<text x=\"%.1f\" y=\"22\" font-size=\"13\">%s</text>\n", left, xml_escape(title).c_str());
   // Axes, ticks and their labels.
-  out += format("<path d=\"M %.1f %.1f V %.1f H %.1f\" fill=\"none\" stroke=\"black\"/>\n", left, top, height - bottom,
+  out += formatted("<path d=\"M %.1f %.1f V %.1f H %.1f\" fill=\"none\" stroke=\"black\"/>\n", left, top, height - bottom,
                 width - right);
   for (int i = 0; i <= 5; ++i) {
     double tx = x(minutes * 60 * i / 5), sy = lo + (hi - lo) * i / 5;
-    out += format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", tx, height - bottom, tx,
+    out += formatted("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", tx, height - bottom, tx,
                   height - bottom + 4);
-    out += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.1f</text>\n", tx, height - bottom + 16,
+    out += formatted("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.1f</text>\n", tx, height - bottom + 16,
                   minutes * i / 5);
-    out += format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, y(sy),
+    out += formatted("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, y(sy),
                   width - right, y(sy));
-    out += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.2fx</text>\n", left - 6, y(sy) + 4, sy);
+    out += formatted("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.2fx</text>\n", left - 6, y(sy) + 4, sy);
   }
-  out += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">minutes since start</text>\n",
+  out += formatted("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">minutes since start</text>\n",
                 (left + width - right) / 2, height - 14);
   out +=
-      format("<text transform=\"translate(16 %.1f) rotate(-90)\" text-anchor=\"middle\">speedup over baseline</text>\n",
+      formatted("<text transform=\"translate(16 %.1f) rotate(-90)\" text-anchor=\"middle\">speedup over baseline</text>\n",
              (top + height - bottom) / 2);
   // The best so far as a step line to the end of the session, and a dot per accepted attempt.
   if (tl.best.empty()) {
-    out += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">no best recorded</text>\n",
+    out += formatted("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">no best recorded</text>\n",
                   (left + width - right) / 2, (top + height - bottom) / 2);
   } else {
-    std::string path = format("M %.1f %.1f", x(tl.best[0].t), y(tl.best[0].speedup));
+    std::string path = formatted("M %.1f %.1f", x(tl.best[0].t), y(tl.best[0].speedup));
     for (size_t i = 1; i < tl.best.size(); ++i)
-      path += format(" H %.1f V %.1f", x(tl.best[i].t), y(tl.best[i].speedup));
-    path += format(" H %.1f", x(tl.end_t));
+      path += formatted(" H %.1f V %.1f", x(tl.best[i].t), y(tl.best[i].speedup));
+    path += formatted(" H %.1f", x(tl.end_t));
     out += "<path d=\"" + path + "\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\"/>\n";
   }
   for (const AttemptLine& a : tl.attempts)
     if (a.decision == "accepted")
-      out += format(
+      out += formatted(
           "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#d62728\"><title>attempt %d %s: %.2fx</title></circle>\n",
           x(a.t), y(a.best_speedup), a.attempt, xml_escape(short_id(a.variant)).c_str(), a.best_speedup);
   *svg = out + "</svg>\n";
