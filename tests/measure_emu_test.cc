@@ -326,9 +326,13 @@ TEST_CASE("emulated CUDA megakernel with the loader holding back each phase's st
   golden_through_emu("kimi-top8.safetensors", {{"hold", 1}});
   // The held stages released as the block passes the grid barrier.
   golden_through_emu("kimi-top8.safetensors", {{"hold", 1}, {"hold_release", "barrier"}});
+  // hold_scope ahead: at most n stages of all the phases not begun, together.
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 4}, {"hold_scope", "ahead"}});
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 1}, {"hold_scope", "ahead"}, {"hold_release", "barrier"}});
   setenv("KTUNE_EMU_SMS", "32", 1);
   setenv("KTUNE_EMU_ORDER", "reverse", 1);
   golden_through_emu("kimi-top8.safetensors", {{"hold", 6}});
+  golden_through_emu("kimi-top8.safetensors", {{"hold", 6}, {"hold_scope", "ahead"}});
   golden_through_emu("kimi-top8.safetensors", {{"hold_release", "barrier"}});
   unsetenv("KTUNE_EMU_ORDER");
   unsetenv("KTUNE_EMU_SMS");

@@ -166,6 +166,10 @@ KnobSpace cuda_mega_space() {
        "with hold: the held stages go out when the block's consumers begin the phase's items (after its input "
        "staging), or as soon as they pass the grid barrier before it (the staging's loads then share L2 with "
        "them, and the first items wait less for DRAM)"},
+      {"hold_scope", "KT_HOLD_SCOPE", {"phase", "ahead"}, "phase",
+       "with hold n: at most n stages of each GEMV phase whose items the block's consumers have not begun, or "
+       "at most n of all such phases together (behind a run of short phases the loader then stays n stages "
+       "ahead, not a dozen)"},
       {"helpers", "KT_HELPERS", {"inline", "shared"}, "inline",
        "the helpers a phase runs once at its start or end (its input RMSNorm, the beta and router rows' dots, "
        "the k-split gather): inlined at each call site, or one out-of-line copy each, so that less code comes "
@@ -193,7 +197,8 @@ KnobSpace cuda_mega_space() {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off";
   };
   when("hold", holds);
-  when("hold_release", [holds](const json& p) { return holds(p) && p["hold"].get<int>() > 0; });
+  for (const char* k : {"hold_release", "hold_scope"})
+    when(k, [holds](const json& p) { return holds(p) && p["hold"].get<int>() > 0; });
   when("predict_stream", [](const json& p) {
     return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   });

@@ -65,7 +65,9 @@
 // loader: at most that many of a GEMV phase's stages issued before the
 // block's consumers start the phase, 0: no limit), KT_HOLD_RELEASE (with
 // KT_HOLD: the rest released when the consumers begin the phase's items, 0,
-// or when they pass the grid barrier before it, 1), KT_HELPERS (1: a
+// or when they pass the grid barrier before it, 1), KT_HOLD_SCOPE (with
+// KT_HOLD n: at most n stages of each GEMV phase the consumers have not
+// begun, 0, or of all such phases together, 1), KT_HELPERS (1: a
 // phase's boundary helpers as one out-of-line copy each, KT_HELPER),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
@@ -251,6 +253,7 @@ static_assert(KT_ATTN_ROLLED == 0 || KT_ATTN_ROLLED == 1, "attn_rolled");
 static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_HOLD >= 0, "hold");
 static_assert(KT_HOLD_RELEASE == 0 || KT_HOLD_RELEASE == 1, "hold_release");
+static_assert(KT_HOLD_SCOPE == 0 || KT_HOLD_SCOPE == 1, "hold_scope");
 static_assert(KT_HELPERS == 0 || KT_HELPERS == 1, "helpers");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
@@ -453,6 +456,9 @@ struct alignas(128) Smem {
   unsigned routed_layers, attentions;
 #if KT_HOLD_ON
   unsigned gemv_started;  // run_gemv_phase calls the consumers have begun (KT_HOLD's signal to the loader)
+#if KT_HOLD_SCOPE == 1
+  unsigned fed_start[kMaxGemvPhases + 1];  // the loader's: stages fed before its GEMV phase i (1-based) began
+#endif
 #endif
 #if KT_ATTN_SPARE
   // KT_ATTN_FEED 1: q_abs phases whose loads the block has issued (the
@@ -3492,11 +3498,33 @@ KT_DEV void loader_route(Ctx& c, int layer) {
 // fewer copies are in flight while the boundary's hand-offs, barrier and
 // cold code wait on L2 (each waits behind the copies in flight: RESULTS,
 // run 250).
+// KT_HOLD_SCOPE 1 counts the held stages across phases instead: at most n
+// stages of all the phases the consumers have not begun. Behind a run of
+// short phases (KDA 3 stages a block, o_proj 4, the router 3) a per-phase
+// hold lets the loader run a dozen stages ahead. The step_shape study
+// measured the megakernel's phase shape 7% shorter with this bound at 4-6
+// than with the per-phase hold 2 (RESULTS, run 309), but the megakernel
+// itself 2-4 us slower at holds 2, 4 and 6 (run 310): its boundaries'
+// hand-offs wait behind the stages issued ahead, which the study's lack.
+#if KT_HOLD_ON && KT_HOLD_SCOPE == 1
+KT_DEV void hold_ahead(Ctx& c, unsigned phase) {
+  for (;;) {
+    const unsigned begun = *reinterpret_cast<const volatile unsigned*>(&c.sm->gemv_started);
+    if (begun >= phase || c.fed - c.sm->fed_start[begun + 1] < unsigned(KT_HOLD)) break;
+    __nanosleep(20);
+  }
+  __threadfence_block();
+}
+#endif
 template <class P, class Before>
 KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 #if KT_HOLD_ON
   const unsigned phase = ++c.fed_phases;
   int issued = 0;
+#if KT_HOLD_SCOPE == 1
+  (void)issued;
+  c.sm->fed_start[phase] = c.fed;
+#endif
 #endif
   for (int it = int(blockIdx.x), nth = 0; it < map.items; it += int(gridDim.x), ++nth) {
     if (it < map.rows) continue;
@@ -3505,7 +3533,11 @@ KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 #if KT_HOLD_ON
     const int g0 = item.kc0 / STAGE_CHUNKS;
     for (int q = 0; q < (item.kc1 - item.kc0) / STAGE_CHUNKS; ++q) {
+#if KT_HOLD_SCOPE == 1
+      hold_ahead(c, phase);
+#else
       if (issued++ == KT_HOLD) loader_wait(&c.sm->gemv_started, phase);
+#endif
       feed_raw(c, stage_offset(p, item.tile, g0 + q));
     }
 #else

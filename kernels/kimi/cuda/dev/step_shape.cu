@@ -29,11 +29,21 @@
 //   fused18     the same bytes with KDA + o_proj, w_uv + o_proj and the MoE's
 //               gate/up + down merged (the levers RESULTS lists);
 //   lean10      two phases a K layer (attention, MoE), four in the M layer.
+// Two more ways to run a shape take its pieces apart (hold 2 only): `loads`,
+// where the consumers wait for each stage and release it without computing
+// (what the loader and DRAM reach alone), and `x once`, where the input is
+// staged before the first phase only (what the staging after each barrier
+// costs). Holds 1 and 4 bracket the default 2. `ahead h` bounds the loader
+// differently: at most h stages of the phases the block's consumers have not
+// begun, all of them together (a hold counts each phase's own stages, so
+// behind a run of short phases the loader may be many stages ahead).
 // The stages are distinct (248 MB, more than L2; L2 is flushed before each
 // launch too); their contents repeat 64 repacked stages of a random W4A16
 // matrix, so each launch's y is checked against a CPU reference (the
 // spec's bf16 dequant in double). A launch is timed by globaltimer from the
 // first block's start to the last block past the final barrier.
+//
+// Measured in RESULTS, runs 307 (H200) and 308-309 (H100).
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/step_shape, or
@@ -73,6 +83,9 @@ struct Args {
   unsigned* bar;              // grid barrier arrivals (zeroed)
   unsigned long long* times;  // [block][TIMES]: start, then (arrival, passed) at each barrier; the end
   int phases, hold;
+  int ahead;    // > 0: at most that many stages of the phases the consumers have not begun, all such phases together
+  int compute;  // 0: the consumers release each stage unread (loads only)
+  int restage;  // 0: the input is staged before the first phase only
   int n[MAX_PHASES];          // stages a block in each phase
 };
 
@@ -82,11 +95,16 @@ struct Args {
 __device__ void loader(const Args& a, Smem* sm) {
   Stage* ring = reinterpret_cast<Stage*>(sm->pipe);
   const Stage* mine = a.stages + size_t(blockIdx.x) * PER_BLOCK_MAX;
+  const volatile int* begun = reinterpret_cast<volatile int*>(&sm->flag);
   unsigned k = 0;
+  int start[MAX_PHASES + 1] = {0};  // the first stage of each phase, in the block's order
+  for (int p = 0; p < a.phases; ++p) start[p + 1] = start[p] + a.n[p];
   for (int p = 0; p < a.phases; ++p)
     for (int i = 0; i < a.n[p]; ++i) {
       if (a.hold > 0 && p > 0 && i == a.hold)
-        while (*reinterpret_cast<volatile int*>(&sm->flag) < p + 1) __nanosleep(32);
+        while (*begun < p + 1) __nanosleep(32);
+      if (a.ahead > 0)  // stages of phases not begun (from phase *begun on), counted across short phases
+        for (int b = *begun; p >= b && int(k) - start[b] >= a.ahead; b = *begun) __nanosleep(32);
       const unsigned slot = k % STAGES;
       if (k >= STAGES) kt_mbar_wait(&sm->empty[slot], ((k / STAGES) - 1) & 1);
       kt_mbar_arrive_expect_tx(&sm->full[slot], unsigned(sizeof(Stage)));
@@ -116,11 +134,23 @@ __global__ void __launch_bounds__(KT_BLOCK_THREADS, 1) shape_kernel(const __grid
       if (tid == 0) t[2 * p] = kt_globaltimer();
     }
     if (tid == 0) *reinterpret_cast<volatile int*>(&sm->flag) = p + 1;  // hold: the phase's other stages may go
-    for (int i = tid; i < D / 2; i += THREADS) {  // the phase's input, as a staging reads it after the barrier
-      sm->xs_hi[i] = kt_ld_cg(reinterpret_cast<const unsigned*>(a.x) + i);
-      sm->xs_lo[i] = 0;
+    if (p == 0 || a.restage) {
+      for (int i = tid; i < D / 2; i += THREADS) {  // the phase's input, as a staging reads it after the barrier
+        sm->xs_hi[i] = kt_ld_cg(reinterpret_cast<const unsigned*>(a.x) + i);
+        sm->xs_lo[i] = 0;
+      }
+      consumers_sync();
     }
-    consumers_sync();
+    if (!a.compute) {  // the ring's handshake alone, in consume_stages' order of warp groups
+      for (int s = warp / mk::FEED_WPG; s < a.n[p]; s += mk::FEED_GROUPS) {
+        const unsigned k = eaten + unsigned(s);
+        kt_mbar_wait(&sm->full[k % STAGES], (k / STAGES) & 1);
+        __syncwarp();
+        if ((tid & 31) == 0) kt_mbar_arrive(&sm->empty[k % STAGES]);
+      }
+      eaten += unsigned(a.n[p]);
+      continue;
+    }
     for (int done = 0; done < a.n[p]; done += ITEM) {
       const int m = min(ITEM, a.n[p] - done);
       mk::consume_stages(sm, eaten, 0, m, bias, sm->red[warp]);
@@ -268,17 +298,29 @@ int main(int argc, char** argv) {
   std::printf("%-16s %6s %7s %8s %8s %8s %8s %8s %9s %9s\n", "case", "phases", "stages", "min us", "median", "max",
               "work", "waits", "TB/s", "check");
   int failed = 0;
+  struct Way {
+    std::string name;
+    int hold, ahead, compute, restage;
+  };
+  const std::vector<Way> ways = {{"hold 0", 0, 0, 1, 1},  {"hold 1", 1, 0, 1, 1},  {"hold 2", 2, 0, 1, 1},
+                                 {"hold 4", 4, 0, 1, 1},  {"ahead 2", 0, 2, 1, 1}, {"ahead 4", 0, 4, 1, 1},
+                                 {"ahead 6", 0, 6, 1, 1}, {"ahead 8", 0, 8, 1, 1}, {"loads hold 2", 2, 0, 0, 1},
+                                 {"x once hold 2", 2, 0, 1, 0}};
   struct Point {
-    int hold, phases;
+    std::string way;
+    int phases;
     double us;
   };
   std::vector<Point> sweep;
   for (const Shape& shape : shapes())
-    for (int hold : {0, 2}) {
-      const std::string name = shape.name + " hold " + std::to_string(hold);
+    for (const Way& way : ways) {
+      const std::string name = shape.name + " " + way.name;
       if (!asked_for(name.c_str(), argc, argv, 2)) continue;
       a.phases = int(shape.n.size());
-      a.hold = hold;
+      a.hold = way.hold;
+      a.ahead = way.ahead;
+      a.compute = way.compute;
+      a.restage = way.restage;
       int total = 0;
       for (int p = 0; p < a.phases; ++p) total += (a.n[p] = shape.n[p]);
       const Reference ref = contrib.of(shape, sms);
@@ -289,7 +331,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMemset(a.y, 0, size_t(TILE) * 4));
         CHECK(cudaMemset(a.bar, 0, 4));
         launch_study(shape_kernel, a, sms, smem);
-        worst = std::max(worst, ref.worst_error(a.y));
+        if (a.compute) worst = std::max(worst, ref.worst_error(a.y));
         if (l == 0) continue;  // the first launch warms the code and the clocks
         std::vector<unsigned long long> t(size_t(sms) * TIMES);
         CHECK(cudaMemcpy(t.data(), a.times, t.size() * 8, cudaMemcpyDeviceToHost));
@@ -311,25 +353,26 @@ int main(int argc, char** argv) {
       const bool ok = worst < 1e-4;
       char check[32];
       std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", worst);
+      if (!a.compute) std::snprintf(check, sizeof check, "no sums");
       const double us = median(spans), bytes = double(total) * sms * sizeof(Stage);
       std::printf("%-16s %6d %7d %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9s\n", name.c_str(), a.phases, total,
                   *std::min_element(spans.begin(), spans.end()), us, *std::max_element(spans.begin(), spans.end()),
                   median(works), median(waits), bytes / us / 1e6, check);
       if (!ok) ++failed;
-      if (shape.name[0] == 'B') sweep.push_back({hold, a.phases, us});
+      if (shape.name[0] == 'B') sweep.push_back({way.name, a.phases, us});
     }
   // The equal-length phases: span = base + per_boundary x (phases - 1), least squares.
-  for (int hold : {0, 2}) {
+  for (const Way& way : ways) {
     double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
     for (const Point& p : sweep)
-      if (p.hold == hold) {
+      if (p.way == way.name) {
         const double bx = p.phases - 1;
         n += 1, sx += bx, sy += p.us, sxx += bx * bx, sxy += bx * p.us;
       }
     if (n < 2) continue;
     const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), base = (sy - slope * sx) / n;
-    std::printf("hold %d, equal phases: %.2f us + %.2f us a boundary (least squares over %d shapes)\n", hold, base,
-                slope, int(n));
+    std::printf("%-14s equal phases: %.2f us + %.2f us a boundary (least squares over %d shapes)\n",
+                way.name.c_str(), base, slope, int(n));
   }
   std::printf("(us from the launch's first block start to the last block past the final barrier; work and waits: the\n"
               " median block's sums of its phases' own time and of its waits at the barriers; TB/s: the stages' bytes\n"
