@@ -32,10 +32,8 @@ void Progress::probes(const json& probes) {
   if (quiet_) return;
   std::string line;
   for (const json& p : probes) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s %.4g %s", p.value("name", "").c_str(), p.value("value", 0.0),
-                  p.value("unit", "").c_str());
-    line += (line.empty() ? "" : " | ") + std::string(buf);
+    line += (line.empty() ? "" : " | ") + formatted("%s %.4g %s", p.value("name", "").c_str(), p.value("value", 0.0),
+                                                    p.value("unit", "").c_str());
   }
   std::printf("[measure] %s\n", line.c_str());
   std::fflush(stdout);
@@ -43,16 +41,15 @@ void Progress::probes(const json& probes) {
 
 void Progress::attempt(double t, const AttemptView& a, const Measurement& m, double baseline_us) {
   if (quiet_) return;
-  char head[96];
-  std::snprintf(head, sizeof head, "[%s] #%-3d %-9s %s", duration_text(t).c_str(), a.seq, a.origin.c_str(),
-                a.variant.substr(0, 12).c_str());
+  const std::string head = formatted("[%s] #%-3d %-9s %s", duration_text(t).c_str(), a.seq, a.origin.c_str(),
+                                     a.variant.substr(0, 12).c_str());
   if (a.outcome == "ok") {
-    std::printf("%s  ok %9.1f us  %5.2fx  %-11s launches %d  %s\n", head, a.score_us,
+    std::printf("%s  ok %9.1f us  %5.2fx  %-11s launches %d  %s\n", head.c_str(), a.score_us,
                 baseline_us > 0 ? baseline_us / a.score_us : 0.0, a.decision.c_str(), m.launches,
                 knob_text(a.knobs).c_str());
   } else {
     std::string err = a.error.size() > 140 ? a.error.substr(0, 140) + "..." : a.error;
-    std::printf("%s  %s: %s\n", head, a.outcome.c_str(), err.c_str());
+    std::printf("%s  %s: %s\n", head.c_str(), a.outcome.c_str(), err.c_str());
   }
   std::fflush(stdout);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <condition_variable>
 #include <optional>
 #include <set>
@@ -345,6 +346,7 @@ class Session {
   struct Job {
     Variant variant;
     std::shared_future<sandbox::BuildResult> build;
+    std::shared_ptr<std::atomic<bool>> attempted;  // set as its attempt begins: the build is then needed
   };
 
   std::vector<Job> prepare(const std::vector<Proposal>& proposals) {
@@ -374,9 +376,19 @@ class Session {
       v.parent = !p.parent.empty() ? p.parent : best_ ? best_->variant : "";
       sandbox::BuildRequest req = spec_.build_request(v.source);
       sandbox::BuildCache* cache = builds_.get();
-      jobs.push_back({v, std::async(std::launch::async, [this, cache, req] {
+      auto attempted = std::make_shared<std::atomic<bool>>(false);
+      jobs.push_back({v, std::async(std::launch::async, [this, cache, req, attempted] {
                             std::unique_lock<std::mutex> lock(build_slots_mu_);
                             build_slots_cv_.wait(lock, [&] { return build_slots_ < spec_.build_workers; });
+                            // A build that gets its slot after the session stopped, for
+                            // an attempt not begun, would only hold the session past its
+                            // budget: no attempt begins once the session is stopping.
+                            if (stopping() && !*attempted) {
+                              sandbox::BuildResult skipped;
+                              skipped.log = "not built: the session stopped before this build began";
+                              build_slots_cv_.notify_one();  // the free slot passes on (the next one skips too)
+                              return skipped;
+                            }
                             ++build_slots_;
                             lock.unlock();
                             sandbox::BuildResult r = cache->build(req);
@@ -384,7 +396,8 @@ class Session {
                             --build_slots_;
                             build_slots_cv_.notify_one();
                             return r;
-                          }).share()});
+                          }).share(),
+                       attempted});
     }
     return jobs;
   }
@@ -399,6 +412,7 @@ class Session {
     for (auto [s, c] : validation_cases(cfg_, opts_.seed, seq + 1)) oracle_->prefetch(s, c);
     Measurement m;
     double tb = mono_seconds();
+    *job.attempted = true;
     sandbox::BuildResult b = job.build.get();
     double build_wait = mono_seconds() - tb;
     emit_or_die("build", seq, {{"ok", b.ok}, {"cached", b.cached}, {"seconds", b.seconds}, {"command", b.command_line},

@@ -1,6 +1,7 @@
 #include "measure/golden_check.h"
 
 #include <cstdio>
+#include "base/text.h"
 
 namespace ktune::measure {
 
@@ -8,9 +9,7 @@ std::string GoldenSummary::describe() const {
   std::string s = std::to_string(checks) + " checks, " + std::to_string(failed) + " failed, launches/step " +
                   std::to_string(launches) + "; worst cosine:";
   for (auto& [k, v] : worst) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, " %s %.6f", k.c_str(), v);
-    s += buf;
+    s += formatted(" %s %.6f", k.c_str(), v);
   }
   return s;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include "base/text.h"
 
 namespace ktune::measure {
 
@@ -66,11 +67,9 @@ Verdict judge(const Score& candidate, const Score& best, double min_gain) {
   double noise = 3.0 * std::sqrt(candidate.rel_se * candidate.rel_se + best.rel_se * best.rel_se);
   v.threshold = std::max(min_gain, noise);
   v.faster = v.gain > v.threshold;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%.2f us vs best %.2f us: %+.2f%% (needs > %.2f%%: %s)", candidate.us, best.us,
-                -100.0 * v.gain, 100.0 * v.threshold,
-                v.threshold > min_gain ? "3x the measured noise" : "the minimum gain");
-  v.reason = std::string(v.faster ? "faster: " : "not faster: ") + buf;
+  v.reason = std::string(v.faster ? "faster: " : "not faster: ") +
+             formatted("%.2f us vs best %.2f us: %+.2f%% (needs > %.2f%%: %s)", candidate.us, best.us, -100.0 * v.gain,
+                       100.0 * v.threshold, v.threshold > min_gain ? "3x the measured noise" : "the minimum gain");
   return v;
 }
 

@@ -9,6 +9,7 @@
 #include "base/bf16.h"
 #include "base/compare.h"
 #include "base/tensor.h"
+#include "base/text.h"
 
 namespace ktune::measure {
 
@@ -251,21 +252,18 @@ bool recheck_near_ties(const kimi::KimiWeights& w, const OracleCase& ref, const 
     std::vector<float> own;  // the kernel's logits, when it reports them
     const bool reported = read_logits(w.cfg, f, i, &own);
     const double own_ulps = reported ? topk_shortfall_ulps(own, kernel[i]) : 0;
-    char note[200];
     if (reported ? own_ulps > 0 : ulps > 1.0) {  // a real difference: the first check stands, and says where
-      if (reported)
-        std::snprintf(note, sizeof note, "layer %d's experts are not the top-%d of the kernel's own logits (%.1f bf16 ulps short)",
-                      i, w.cfg.n_active, own_ulps);
-      else
-        std::snprintf(note, sizeof note, "other experts than the oracle's in layer %d, %.1f bf16 ulps below its top-%d%s", i,
-                      ulps, w.cfg.n_active, flipped.empty() ? "" : " (after near-ties in earlier layers)");
+      const std::string note =
+          reported ? formatted("layer %d's experts are not the top-%d of the kernel's own logits (%.1f bf16 ulps short)", i,
+                               w.cfg.n_active, own_ulps)
+                   : formatted("other experts than the oracle's in layer %d, %.1f bf16 ulps below its top-%d%s", i, ulps,
+                               w.cfg.n_active, flipped.empty() ? "" : " (after near-ties in earlier layers)");
       check->routing_note = note;
       if (!check->passed) check->failure += std::string("; ") + note;
       return true;
     }
     all_own = all_own && reported;
-    std::snprintf(note, sizeof note, "%d (%.1f ulps)", i, ulps);
-    flipped += (flipped.empty() ? "" : ", ") + std::string(note);
+    flipped += (flipped.empty() ? "" : ", ") + formatted("%d (%.1f ulps)", i, ulps);
     forced[i] = kernel[i];
     routed = compute_oracle_case(w, ref.seed, ref.context, &forced);
     oracle = &routed;
