@@ -16,9 +16,10 @@ std::string knob_text(const json& knobs) {
 
 void Progress::header(int64_t session, const SessionOptions& o, bool resumed) {
   if (quiet_) return;
-  std::printf("ktune session %lld%s: %s %s on %s, designer %s, budget %s, db %s\n", (long long)session,
+  const std::string limit = o.max_attempts > 0 ? formatted(" or %d attempts", o.max_attempts) : "";
+  std::printf("ktune session %lld%s: %s %s on %s, designer %s, budget %s%s, db %s\n", (long long)session,
               resumed ? " (resumed)" : "", o.task.c_str(), o.size.c_str(), o.backend.c_str(), o.designer.c_str(),
-              duration_text(o.budget_s).c_str(), o.db.c_str());
+              duration_text(o.budget_s).c_str(), limit.c_str(), o.db.c_str());
   std::fflush(stdout);
 }
 

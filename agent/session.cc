@@ -105,10 +105,12 @@ class Session {
     t0_ = mono_seconds();
     deadline_ = t0_ + opts_.budget_s;
     if (opts_.resume) {
-      if (!emit("session_resumed", 0, {{"budget_s", opts_.budget_s}, {"argv", opts_.argv}}, err)) return false;
+      const json resumed = {{"budget_s", opts_.budget_s}, {"max_attempts", opts_.max_attempts}, {"argv", opts_.argv}};
+      if (!emit("session_resumed", 0, resumed, err)) return false;
     } else {
       json started = {{"task", opts_.task},       {"size", opts_.size},     {"backend", opts_.backend},
-                      {"designer", opts_.designer}, {"budget_s", opts_.budget_s}, {"seed", opts_.seed},
+                      {"designer", opts_.designer}, {"budget_s", opts_.budget_s},
+                      {"max_attempts", opts_.max_attempts}, {"seed", opts_.seed},
                       {"weights_seed", opts_.weights_seed}, {"config", cfg_.to_json()},
                       {"env", environment()},     {"argv", opts_.argv},
                       {"options", {{"min_gain", opts_.min_gain}, {"min_cosine", opts_.min_cosine},
@@ -290,7 +292,9 @@ class Session {
 
   double left() const { return deadline_ - mono_seconds(); }
   double elapsed() const { return mono_seconds() - t0_; }
-  bool stopping() const { return g_interrupts > 0 || left() <= 0; }
+  bool stopping() const { return g_interrupts > 0 || left() <= 0 || attempts_left() <= 0; }
+  // Attempts this run may still begin (--max-attempts; the budget applies as well).
+  int attempts_left() const { return opts_.max_attempts > 0 ? opts_.max_attempts - attempts_run_ : 1 << 30; }
 
   // ---- the measure phase --------------------------------------------------------
   bool measure_phase(std::string* err) {
@@ -405,14 +409,15 @@ class Session {
   // ---- one attempt ------------------------------------------------------------------
   void attempt(Job& job, const std::string& purpose) {
     const Variant& v = job.variant;
+    *job.attempted = true;  // first: its build is needed, whatever stopping() now says
     const int seq = next_seq_++;
+    ++attempts_run_;
     emit_or_die("variant", 0, v.to_event());
     emit_or_die("attempt_started", seq, {{"variant", v.id}, {"purpose", purpose}});
     // Prefetch the next attempt's oracle cases while this one runs.
     for (auto [s, c] : validation_cases(cfg_, opts_.seed, seq + 1)) oracle_->prefetch(s, c);
     Measurement m;
     double tb = mono_seconds();
-    *job.attempted = true;
     sandbox::BuildResult b = job.build.get();
     double build_wait = mono_seconds() - tb;
     emit_or_die("build", seq, {{"ok", b.ok}, {"cached", b.cached}, {"seconds", b.seconds}, {"command", b.command_line},
@@ -543,7 +548,8 @@ class Session {
     bool exhausted = false;
     int empty_rounds = 0;
     while (!stopping()) {
-      std::vector<Job> jobs = next.empty() ? design(batch, &exhausted) : std::move(next);
+      // No more proposals than the attempts left to begin.
+      std::vector<Job> jobs = next.empty() ? design(std::min(batch, attempts_left()), &exhausted) : std::move(next);
       next.clear();
       if (exhausted) {
         stop_reason_ = "the designer has nothing left to propose";
@@ -561,7 +567,8 @@ class Session {
       empty_rounds = 0;
       // On a GPU, the next batch builds while this one is measured; on the
       // host the CPU is the device, so every build finishes first.
-      if (spec_.builds_overlap_timing && !stopping()) next = design(batch, &exhausted, int(jobs.size()));
+      const int after = std::min(batch, attempts_left() - int(jobs.size()));
+      if (spec_.builds_overlap_timing && !stopping() && after > 0) next = design(after, &exhausted, int(jobs.size()));
       if (!spec_.builds_overlap_timing)
         for (Job& j : jobs) j.build.wait();
       for (Job& j : jobs) {
@@ -569,7 +576,8 @@ class Session {
         attempt(j, "candidate");
       }
     }
-    if (stop_reason_.empty()) stop_reason_ = "the budget ran out";
+    if (stop_reason_.empty())
+      stop_reason_ = attempts_left() <= 0 ? "the attempt limit was reached" : "the budget ran out";
   }
 
   // `queued`: attempts already designed but not started (their numbers come first).
@@ -660,6 +668,7 @@ class Session {
   std::string workdir_;
   double t0_ = 0, deadline_ = 0;
   int next_seq_ = 1;
+  std::atomic<int> attempts_run_{0};  // attempts this run began (the builds' threads read it through stopping())
   std::vector<int> interrupted_;
   std::vector<AttemptView> history_;
   std::set<std::string> measured_;

@@ -17,6 +17,7 @@ struct SessionOptions {
   std::string designer = "search";
   std::string db = "ktune.sqlite";
   double budget_s = 120;
+  int max_attempts = 0;       // attempts this run may begin, the baseline's included (0: as many as the budget allows)
   uint64_t seed = 1;          // designer and validation seeds
   uint64_t weights_seed = 0;  // the task's weights
   int64_t resume = 0;         // continue this session instead of starting one

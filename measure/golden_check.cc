@@ -1,6 +1,5 @@
 #include "measure/golden_check.h"
 
-#include <cstdio>
 #include "base/text.h"
 
 namespace ktune::measure {

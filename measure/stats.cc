@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
+
 #include "base/text.h"
 
 namespace ktune::measure {
