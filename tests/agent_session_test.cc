@@ -1,12 +1,14 @@
 // Whole sessions on the host backend, through the real `ktune` binary: a
 // two-minute session that accepts and rolls back; broken variants of every
-// kind classified while the session goes on; SIGKILL in the middle of a
-// session, then resume; and export -> import -> replay of a session.
+// kind classified while the session goes on; Ctrl-C while a batch builds;
+// SIGKILL in the middle of a session, then resume; and export -> import ->
+// replay of a session.
 #include <doctest/doctest.h>
 
 #include <csignal>
 #include <cstdio>
 #include <fcntl.h>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sys/wait.h>
@@ -307,6 +309,55 @@ TEST_CASE("broken variants of every kind are classified and the session goes on"
   CHECK(rows[4].error.find("cosine") != std::string::npos);
   CHECK(rows[5].outcome == "ok");
   CHECK(session_status(db) == "completed");
+}
+
+TEST_CASE("Ctrl-C while a batch builds: the builds not begun are skipped, and the session ends interrupted") {
+  // A fresh build cache (every build compiles) and a batch of 32 proposals
+  // on the host, whose builds all finish before any of them is timed. Once
+  // a few have compiled, SIGINT: the builds then in flight finish, the rest
+  // get their slot after the session stopped and must not compile (each
+  // would only hold the session past its stop). Counted from the cache,
+  // not timed: a slow machine compiles fewer before the signal, not more after.
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite", cache = dir.path + "/cache";
+  auto compiled = [&] {  // builds with a result (the cache writes it last)
+    int n = 0;
+    std::error_code ec;
+    for (const auto& key : std::filesystem::directory_iterator(join_path(cache, "builds"), ec))
+      n += file_exists(join_path(key.path().string(), "result.json"));
+    return n;
+  };
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int fd = open((dir.path + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("KTUNE_CACHE_DIR", cache.c_str(), 1);
+    execl(kKtune.c_str(), kKtune.c_str(), "run", "--size", "tiny", "--backend", "host", "--budget", "10m", "--batch",
+          "32", "--db", db.c_str(), "--seed", "9", (char*)nullptr);
+    _exit(127);
+  }
+  // The baseline's build and two candidates'.
+  const double deadline = mono_seconds() + 300;
+  int before = 0;
+  while (mono_seconds() < deadline && (before = compiled()) < 3)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(before >= 3);
+  std::string out, err;
+  REQUIRE(read_file(dir.path + "/out.txt", &out, &err));
+  INFO(out);
+  CHECK(WIFEXITED(status));
+  CHECK(session_status(db) == "interrupted");
+  // At most the builds in flight at the signal (4 workers at most) finished after it.
+  const int after = compiled();
+  MESSAGE(before << " builds compiled before Ctrl-C, " << after << " in all (of the batch's 32 and the baseline's)");
+  CHECK(after <= before + 2 * 4);
+  // No attempt began after the signal, and each attempt recorded had its build.
+  for (const AttemptRow& a : attempts(db)) CHECK(a.error.find("not built") == std::string::npos);
 }
 
 TEST_CASE("a session killed with SIGKILL leaves a valid database and resumes") {
