@@ -315,6 +315,18 @@ TEST_CASE("emulated CUDA megakernel with the loader's copies in flight capped re
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
+TEST_CASE("emulated CUDA megakernel with the repacked stages in group order reproduces golden kimi-top8") {
+  // repack_order group: a matrix's stages [groups][tiles] (top8's matrices
+  // have 2-4 tiles and 2-4 groups, so every stage moves). Read by the loader
+  // (its phases and the first stages prefetched at the launch's start), and
+  // by feed next, whose next item's stages come from next_base and next_step.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"repack_order", "group"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"repack_order", "group"}, {"feed", "next"}, {"stages", 8}});
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
 TEST_CASE("emulated CUDA megakernel with the loader holding back each phase's stages reproduces golden kimi-top8") {
   // hold n: a GEMV phase's stages after its first n wait for the block's
   // consumers to begin the phase. On 3 SMs (blocks with many items a phase),

@@ -170,6 +170,10 @@ KnobSpace cuda_mega_space() {
        "with hold n: at most n stages of each GEMV phase whose items the block's consumers have not begun, or "
        "at most n of all such phases together (behind a run of short phases the loader then stays n stages "
        "ahead, not a dozen)"},
+      {"repack_order", "KT_REPACK_ORDER", {"tile", "group"}, "tile",
+       "with a bulk feed: how the repacked copy orders a matrix's stages: each tile's groups in one run (an "
+       "item's stages are one run), or each group's tiles side by side (the blocks of a phase, each on its own "
+       "item, read a few runs at a time instead of one stream each)"},
       {"helpers", "KT_HELPERS", {"inline", "shared"}, "inline",
        "the helpers a phase runs once at its start or end (its input RMSNorm, the beta and router rows' dots, "
        "the k-split gather): inlined at each call site, or one out-of-line copy each, so that less code comes "
@@ -189,7 +193,8 @@ KnobSpace cuda_mega_space() {
   for (const char* k : {"unroll", "pipeline", "scales", "gemv_code"}) when(k, register_path);
   when("early", [](const json& p) { return p["stages"].get<int>() > 0 && p["feed"].get<std::string>() != "loader"; });
   when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
-  when("feed_chunks", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
+  for (const char* k : {"feed_chunks", "repack_order"})
+    when(k, [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
   for (const char* k : {"launch_prefetch", "predict", "inflight"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.

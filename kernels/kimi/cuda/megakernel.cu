@@ -67,7 +67,9 @@
 // KT_HOLD: the rest released when the consumers begin the phase's items, 0,
 // or when they pass the grid barrier before it, 1), KT_HOLD_SCOPE (with
 // KT_HOLD n: at most n stages of each GEMV phase the consumers have not
-// begun, 0, or of all such phases together, 1), KT_HELPERS (1: a
+// begun, 0, or of all such phases together, 1), KT_REPACK_ORDER (a bulk
+// feed's repacked matrix: [tiles][groups] of stages, 0, or [groups][tiles],
+// 1, repack_at), KT_HELPERS (1: a
 // phase's boundary helpers as one out-of-line copy each, KT_HELPER),
 // KT_ATTN_CHAINS (mma attention: the queries' hi and lo parts score into one
 // accumulator chain, 1, or two, 2), KT_ATTN_EARLY (mma attention, 1: the
@@ -254,6 +256,7 @@ static_assert(KT_ATTN_FIRST == 0 || KT_ATTN_FIRST == 1, "attn_first");
 static_assert(KT_HOLD >= 0, "hold");
 static_assert(KT_HOLD_RELEASE == 0 || KT_HOLD_RELEASE == 1, "hold_release");
 static_assert(KT_HOLD_SCOPE == 0 || KT_HOLD_SCOPE == 1, "hold_scope");
+static_assert(KT_REPACK_ORDER == 0 || KT_REPACK_ORDER == 1, "repack_order");
 static_assert(KT_HELPERS == 0 || KT_HELPERS == 1, "helpers");
 static_assert(KT_ATTN_PARTS == 1 || KT_ATTN_PARTS == 2, "attn_parts");
 static_assert(KT_ATTN != 1 || KT_ATTN_PARTS == 2 || KT_ATTN_CHAINS == 1, "attn_chains 2 splits the hi and lo parts' chains");
@@ -450,6 +453,7 @@ struct alignas(128) Smem {
   ktune::kimi::topk_detail::Item items[E];
   uint64_t full[STAGES], empty[STAGES];  // KT_FEED > 0: a stage landed / its warps are done with it (mbarriers)
   size_t next_base[SLOTS > 4 ? SLOTS : 4];  // KT_FEED 2, 3: the next item's segments' first stages (thread 0's)
+  size_t next_step[SLOTS > 4 ? SLOTS : 4];  // and their steps from one group's stage to the next's
   // KT_FEED 4: what the loader warp waits for: MoE layers whose experts the
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
@@ -962,10 +966,26 @@ KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, i
 // ---- the repacked weights (KT_FEED > 0) -----------------------------------------
 // The bulk feed reads every GEMV matrix from a copy repacked once per load
 // (the prepare kernel, ktune_k1) into stages laid out as the shared-memory
-// Stage: [ceil(N / TILE) tiles][K / G groups][sizeof(Stage) bytes]. The
+// Stage, in the order KT_REPACK_ORDER names (repack_at). The
 // copy sits in scratch after Scratch, matrices in a fixed order per layer:
 // the attention's (K: q, k, v, g, o; M: q, kv_a, kv_b, o), then the MoE's
 // (gate, up and down of each routed expert, then of each shared one).
+// KT_REPACK_ORDER: where stage (tile, group) of a matrix lies in its copy.
+// 0: [ceil(N / TILE) tiles][K / G groups], an item's stages one run of its
+// tile's. 1: [groups][tiles], the same group of neighbouring tiles side by
+// side: the blocks of a phase, each streaming its own item, then read a few
+// runs at a time, not ~132 streams 26-157 KB apart. The step_shape study
+// found 132 streams far apart 5-7% slower than the blocks' stages side by
+// side, at 10-26 phases (RESULTS, run 314: each boundary restarts them all).
+__host__ __device__ constexpr size_t repack_at(int N, int groups, int tile, int grp) {
+  return (KT_REPACK_ORDER == 1 ? size_t(grp) * size_t(cdiv(N, TILE)) + size_t(tile)
+                               : size_t(tile) * size_t(groups) + size_t(grp)) *
+         sizeof(Stage);
+}
+// From a tile's stage of one group to its next group's.
+__host__ __device__ constexpr size_t repack_group_step(int N) {
+  return (KT_REPACK_ORDER == 1 ? size_t(cdiv(N, TILE)) : size_t(1)) * sizeof(Stage);
+}
 __host__ __device__ constexpr size_t repack_bytes(int K, int N) { return size_t(cdiv(N, TILE)) * size_t(K / G) * sizeof(Stage); }
 __host__ __device__ constexpr bool m_layer(int l) { return ((KT_PATTERN_M >> l) & 1) != 0; }
 constexpr size_t kKdaRepack = 4 * repack_bytes(D, C) + repack_bytes(C, D);
@@ -1437,14 +1457,13 @@ KT_DEV void feed_raw(Ctx& c, size_t offset) {
   ++c.fed;
 }
 // A segment's first stage (of its tile) in scratch.
-KT_DEV size_t seg_base(const Seg& sg) {
-  return kRepackOffset + sg.rp + size_t(sg.n0 / TILE) * size_t(sg.groups) * sizeof(Stage);
-}
+KT_DEV size_t seg_base(const Seg& sg) { return kRepackOffset + sg.rp + repack_at(sg.N, sg.groups, sg.n0 / TILE, 0); }
 // Where stage g of a tile of phase p (its groups counted across segments) is in scratch.
 template <class P>
 KT_DEV size_t stage_offset(const P& p, int tile, int g) {
   const int seg_groups = p.seg_chunks(tile) / STAGE_CHUNKS;
-  return seg_base(p.seg(tile, g / seg_groups)) + size_t(g % seg_groups) * sizeof(Stage);
+  const Seg sg = p.seg(tile, g / seg_groups);
+  return seg_base(sg) + size_t(g % seg_groups) * repack_group_step(sg.N);
 }
 
 // Names the block's item after the current one for the feed: its stages
@@ -1458,14 +1477,19 @@ KT_DEV void name_next(Ctx& c, const P& p, int tile, int kc0, int kc1) {
   c.next_seg_groups = sg;
   c.next_seg0 = g0 / sg;
   if (c.tid == 0)  // the only thread that issues
-    for (int k = g0 / sg; k <= (g1 - 1) / sg; ++k) c.sm->next_base[k - g0 / sg] = seg_base(p.seg(tile, k));
+    for (int k = g0 / sg; k <= (g1 - 1) / sg; ++k) {
+      const Seg seg = p.seg(tile, k);
+      c.sm->next_base[k - g0 / sg] = seg_base(seg);
+      c.sm->next_step[k - g0 / sg] = repack_group_step(seg.N);
+    }
 }
 // Stages [q0, q1) of the named next item.
 KT_DEV void feed_next_stages(Ctx& c, int q0, int q1) {
   if (c.tid != 0) return;
   for (int q = q0; q < q1; ++q) {
     const int grp = c.next_g0 + q;
-    feed_raw(c, c.sm->next_base[grp / c.next_seg_groups - c.next_seg0] + size_t(grp % c.next_seg_groups) * sizeof(Stage));
+    const int k = grp / c.next_seg_groups - c.next_seg0;
+    feed_raw(c, c.sm->next_base[k] + size_t(grp % c.next_seg_groups) * c.sm->next_step[k]);
   }
 }
 
@@ -3520,10 +3544,10 @@ template <class P, class Before>
 KT_DEV void feed_items(Ctx& c, const P& p, const ItemMap& map, Before before) {
 #if KT_HOLD_ON
   const unsigned phase = ++c.fed_phases;
-  int issued = 0;
 #if KT_HOLD_SCOPE == 1
-  (void)issued;
   c.sm->fed_start[phase] = c.fed;
+#else
+  int issued = 0;  // this phase's stages fed so far (the per-phase hold)
 #endif
 #endif
   for (int it = int(blockIdx.x), nth = 0; it < map.items; it += int(gridDim.x), ++nth) {
@@ -3823,7 +3847,8 @@ extern "C" __global__ void __launch_bounds__(mk::kPrepareThreads) ktune_k1(const
       if (!repack_job(a, l, m, &j)) continue;
       const int groups = j.K / G, stages = cdiv(j.N, TILE) * groups;
       for (int st = int(blockIdx.x); st < stages; st += int(gridDim.x)) {
-        repack_stage(j.wq, j.sc, j.ze, j.N, st / groups, st % groups, out + j.dst + size_t(st) * sizeof(Stage));
+        repack_stage(j.wq, j.sc, j.ze, j.N, st / groups, st % groups,
+                     out + j.dst + repack_at(j.N, groups, st / groups, st % groups));
         __syncthreads();
       }
     }

@@ -37,13 +37,20 @@
 // differently: at most h stages of the phases the block's consumers have not
 // begun, all of them together (a hold counts each phase's own stages, so
 // behind a run of short phases the loader may be many stages ahead).
+// Where the stages lie (whether DRAM serves 132 streams far apart slower):
+// by default each block's ~210 stages are one run of its own (the blocks'
+// streams 1.9 MB apart); `interleaved` lays the blocks' k-th stages side by
+// side (the grid reads one run of ~1.1 MB at a time, as a plain read of the
+// grid does); `phase runs` lays each phase's stages in one region, each
+// block's n_p of them a run in it (the streams n_p stages apart, as the
+// megakernel's repacked tiles lie: an item's stages are a run of its tile's).
 // The stages are distinct (248 MB, more than L2; L2 is flushed before each
 // launch too); their contents repeat 64 repacked stages of a random W4A16
 // matrix, so each launch's y is checked against a CPU reference (the
 // spec's bf16 dequant in double). A launch is timed by globaltimer from the
 // first block's start to the last block past the final barrier.
 //
-// Measured in RESULTS, runs 307 (H200) and 308-309 (H100).
+// Measured in RESULTS, runs 307 (H200), 308-309 and 314-315 (H100).
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
 // it as build/step_shape, or
@@ -77,7 +84,7 @@ constexpr int TIMES = 2 * MAX_PHASES + 1;  // a block's time points
 constexpr int KK = KINDS / 2 * G;   // the matrix whose stages repeat: [KK, 2 tiles]
 
 struct Args {
-  const Stage* stages;        // [block][PER_BLOCK_MAX], repacked
+  const Stage* stages;        // [block][PER_BLOCK_MAX] stages' room, repacked, laid out as `layout` says
   const uint16_t* x;          // [D] bf16
   float* y;                   // [TILE] (zeroed)
   unsigned* bar;              // grid barrier arrivals (zeroed)
@@ -86,15 +93,25 @@ struct Args {
   int ahead;    // > 0: at most that many stages of the phases the consumers have not begun, all such phases together
   int compute;  // 0: the consumers release each stage unread (loads only)
   int restage;  // 0: the input is staged before the first phase only
+  int layout;   // Layout
   int n[MAX_PHASES];          // stages a block in each phase
 };
+
+enum Layout { kBlockRuns, kInterleaved, kPhaseRuns };
+// Where block b's k-th stage lies in the big buffer (k in the phase that
+// starts at the block's stage `start` and has n of them).
+__host__ __device__ inline size_t stage_index(int layout, unsigned b, unsigned blocks, unsigned k, unsigned start,
+                                              unsigned n) {
+  if (layout == kInterleaved) return size_t(k) * blocks + b;
+  if (layout == kPhaseRuns) return size_t(start) * blocks + size_t(b) * n + (k - start);
+  return size_t(b) * PER_BLOCK_MAX + k;
+}
 
 // The loader warp's first thread: the block's stages in order, one bulk
 // copy each; with hold h, at most h of a phase's before the consumers say
 // they are past the barrier before it (sm->flag: the phases begun).
 __device__ void loader(const Args& a, Smem* sm) {
   Stage* ring = reinterpret_cast<Stage*>(sm->pipe);
-  const Stage* mine = a.stages + size_t(blockIdx.x) * PER_BLOCK_MAX;
   const volatile int* begun = reinterpret_cast<volatile int*>(&sm->flag);
   unsigned k = 0;
   int start[MAX_PHASES + 1] = {0};  // the first stage of each phase, in the block's order
@@ -108,7 +125,8 @@ __device__ void loader(const Args& a, Smem* sm) {
       const unsigned slot = k % STAGES;
       if (k >= STAGES) kt_mbar_wait(&sm->empty[slot], ((k / STAGES) - 1) & 1);
       kt_mbar_arrive_expect_tx(&sm->full[slot], unsigned(sizeof(Stage)));
-      kt_bulk_copy_g2s(&ring[slot], mine + k, unsigned(sizeof(Stage)), &sm->full[slot]);
+      const size_t at = stage_index(a.layout, blockIdx.x, gridDim.x, k, unsigned(start[p]), unsigned(a.n[p]));
+      kt_bulk_copy_g2s(&ring[slot], a.stages + at, unsigned(sizeof(Stage)), &sm->full[slot]);
       ++k;
     }
 }
@@ -229,19 +247,23 @@ struct Contributions {
         }
   }
   // y's reference for a shape on `blocks` blocks: the stages each block eats, in its items' order.
-  Reference of(const Shape& s, int blocks) const {
+  Reference of(const Shape& s, int blocks, int layout) const {
     Reference ref(TILE);
     for (int b = 0; b < blocks; ++b) {
       int j = 0;
-      for (int np : s.n)
+      for (int np : s.n) {
+        const int start = j;
         for (int done = 0; done < np; done += ITEM)
           for (int i = 0; i < std::min(ITEM, np - done); ++i, ++j) {
-            const int v = int((size_t(b) * PER_BLOCK_MAX + j) % KINDS);
+            const int v = int(stage_index(layout, unsigned(b), unsigned(blocks), unsigned(j), unsigned(start),
+                                          unsigned(np)) %
+                              KINDS);
             for (int c = 0; c < TILE; ++c) {
               ref.want[c] += sum[(size_t(v) * ITEM + i) * TILE + c];
               ref.scale_of[c] += mag[(size_t(v) * ITEM + i) * TILE + c];
             }
           }
+      }
     }
     return ref;
   }
@@ -300,12 +322,15 @@ int main(int argc, char** argv) {
   int failed = 0;
   struct Way {
     std::string name;
-    int hold, ahead, compute, restage;
+    int hold, ahead, compute, restage, layout = kBlockRuns;
   };
   const std::vector<Way> ways = {{"hold 0", 0, 0, 1, 1},  {"hold 1", 1, 0, 1, 1},  {"hold 2", 2, 0, 1, 1},
                                  {"hold 4", 4, 0, 1, 1},  {"ahead 2", 0, 2, 1, 1}, {"ahead 4", 0, 4, 1, 1},
                                  {"ahead 6", 0, 6, 1, 1}, {"ahead 8", 0, 8, 1, 1}, {"loads hold 2", 2, 0, 0, 1},
-                                 {"x once hold 2", 2, 0, 1, 0}};
+                                 {"x once hold 2", 2, 0, 1, 0}, {"interleaved hold 2", 2, 0, 1, 1, kInterleaved},
+                                 {"loads interleaved hold 2", 2, 0, 0, 1, kInterleaved},
+                                 {"phase runs hold 2", 2, 0, 1, 1, kPhaseRuns},
+                                 {"loads phase runs hold 2", 2, 0, 0, 1, kPhaseRuns}};
   struct Point {
     std::string way;
     int phases;
@@ -321,9 +346,10 @@ int main(int argc, char** argv) {
       a.ahead = way.ahead;
       a.compute = way.compute;
       a.restage = way.restage;
+      a.layout = way.layout;
       int total = 0;
       for (int p = 0; p < a.phases; ++p) total += (a.n[p] = shape.n[p]);
-      const Reference ref = contrib.of(shape, sms);
+      const Reference ref = contrib.of(shape, sms, way.layout);
       std::vector<double> spans, works, waits;
       double worst = 0;
       for (int l = 0; l < launches; ++l) {
