@@ -975,8 +975,10 @@ KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, i
 // tile's. 1: [groups][tiles], the same group of neighbouring tiles side by
 // side: the blocks of a phase, each streaming its own item, then read a few
 // runs at a time, not ~132 streams 26-157 KB apart. The step_shape study
-// found 132 streams far apart 5-7% slower than the blocks' stages side by
-// side, at 10-26 phases (RESULTS, run 314: each boundary restarts them all).
+// found 132 streams 1.9 MB apart 5-7% slower than the blocks' stages side
+// by side (RESULTS, run 314), but streams as far apart as tile order's
+// stream as fast as side by side (run 315), and the megakernel measured
+// the same in both orders (run 315): a knob for the search, default 0.
 __host__ __device__ constexpr size_t repack_at(int N, int groups, int tile, int grp) {
   return (KT_REPACK_ORDER == 1 ? size_t(grp) * size_t(cdiv(N, TILE)) + size_t(tile)
                                : size_t(tile) * size_t(groups) + size_t(grp)) *

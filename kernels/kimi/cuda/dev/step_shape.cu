@@ -44,6 +44,9 @@
 // grid does); `phase runs` lays each phase's stages in one region, each
 // block's n_p of them a run in it (the streams n_p stages apart, as the
 // megakernel's repacked tiles lie: an item's stages are a run of its tile's).
+// Phase runs stream as fast as interleaved, and each block's run is ~5%
+// slower at 10-26 phases (RESULTS, runs 314-315): the figures of runs
+// 307-311, in that layout, are ~5% above the megakernel's own.
 // The stages are distinct (248 MB, more than L2; L2 is flushed before each
 // launch too); their contents repeat 64 repacked stages of a random W4A16
 // matrix, so each launch's y is checked against a CPU reference (the
