@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   run->add_option("--budget", budget, "wall-clock budget: 90s, 2m, 1h30m")->default_val("2m");
   run->add_option("--max-attempts", so.max_attempts,
                   "stop after this many attempts (the baseline's included), or at the budget if sooner")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000000));
   run->add_option("--db", so.db, "SQLite database of sessions")->default_val("ktune.sqlite");
   run->add_option("--designer", so.designer, "search, llm or replay")->default_val("search");
   run->add_option("--seed", so.seed, "seed of the designer and of the validation inputs")->default_val(1);

@@ -311,6 +311,15 @@ TEST_CASE("broken variants of every kind are classified and the session goes on"
   CHECK(session_status(db) == "completed");
 }
 
+TEST_CASE("a negative --max-attempts is refused before any session starts") {
+  TempDir dir;
+  const std::string db = dir.path + "/runs.sqlite";
+  Run r = run_ktune({"run", "--size", "tiny", "--backend", "host", "--max-attempts", "-1", "--db", db}, 30, dir.path);
+  CHECK(r.exit_code != 0);
+  CHECK(r.out.find("--max-attempts: Value -1 not in range 0 to 1000000") != std::string::npos);
+  CHECK_FALSE(file_exists(db));
+}
+
 TEST_CASE("Ctrl-C while a batch builds: the builds not begun are skipped, and the session ends interrupted") {
   // A fresh build cache (every build compiles) and a batch of 32 proposals
   // on the host, whose builds all finish before any of them is timed. Once
