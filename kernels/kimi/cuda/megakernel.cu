@@ -973,12 +973,12 @@ KT_DEV Seg make_seg(const uint8_t* wq, const uint16_t* sc, const uint16_t* ze, i
 // KT_REPACK_ORDER: where stage (tile, group) of a matrix lies in its copy.
 // 0: [ceil(N / TILE) tiles][K / G groups], an item's stages one run of its
 // tile's. 1: [groups][tiles], the same group of neighbouring tiles side by
-// side: the blocks of a phase, each streaming its own item, then read a few
-// runs at a time, not ~132 streams 26-157 KB apart. The step_shape study
-// found 132 streams 1.9 MB apart 5-7% slower than the blocks' stages side
-// by side (RESULTS, run 314), but streams as far apart as tile order's
-// stream as fast as side by side (run 315), and the megakernel measured
-// the same in both orders (run 315): a knob for the search, default 0.
+// side, so the blocks of a phase, each streaming its own item, read a few
+// runs at a time instead of ~132 streams 26-157 KB apart. Measured equal
+// (RESULTS, run 315): in the step_shape study, streams 26-157 KB apart (tile
+// order's) are as fast as side by side, only 1.9 MB apart are 5% slower
+// (run 314); the megakernel steps as fast in either order. Default 0; the
+// search may weigh 1 on other GPUs.
 __host__ __device__ constexpr size_t repack_at(int N, int groups, int tile, int grp) {
   return (KT_REPACK_ORDER == 1 ? size_t(grp) * size_t(cdiv(N, TILE)) + size_t(tile)
                                : size_t(tile) * size_t(groups) + size_t(grp)) *
