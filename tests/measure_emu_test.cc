@@ -402,6 +402,26 @@ TEST_CASE("emulated CUDA megakernel with the phases' inputs as tagged words repr
   golden_through_emu("kimi-top8.safetensors", {{"flow", "tagged_o"}}, "kimi-mega-cuda", {{"KT_FLOW_LATE", "1"}});
 }
 
+TEST_CASE("emulated CUDA megakernel with the down phase started per gate/up tile reproduces golden kimi-top8") {
+  // down_start tiles: no grid barrier before the MoE down phase; each down
+  // item waits until the gate/up tiles of its k range have all their
+  // chunks' sums in. With KT_DOWN_LATE every gate/up item yields before it
+  // adds its sums, so the down items reach their waits first; on 3 SMs a
+  // block has several gate/up and down items, on 32 the fibers also take
+  // turns in reverse.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"down_start", "tiles"}}, "kimi-mega-cuda", {{"KT_DOWN_LATE", "1"}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"down_start", "tiles"}, {"kda_start", "heads"}}, "kimi-mega-cuda",
+                     {{"KT_DOWN_LATE", "1"}});
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  // The cp.async path (no loader), where gate/up and down stage their own weights.
+  golden_through_emu("kimi-top8.safetensors", cp_async_path({{"down_start", "tiles"}}), "kimi-mega-cuda",
+                     {{"KT_DOWN_LATE", "1"}});
+}
+
 TEST_CASE("emulated CUDA megakernel with tagged inputs and one or three layers matches the oracle") {
   // flow tagged zeroes the spent gate/up sums after the layer's one grid
   // barrier; with three layers the next launch's layer 0 zeroes the buffer

@@ -140,6 +140,10 @@ KnobSpace cuda_mega_space() {
       {"kda_start", "KT_KDA_START", {"barrier", "heads"}, "barrier",
        "K layers: the KDA update starts after a grid barrier, or each item as soon as its head's q, k, v, g "
        "tiles and beta are published (per-head counters; the state's rows load while it waits)"},
+      {"down_start", "KT_DOWN_START", {"barrier", "tiles"}, "barrier",
+       "the MoE down phase starts after a grid barrier, or each down item as soon as the gate/up tiles its "
+       "k range reads have all their sums in (per-tile counters of the chunks added; needs moe_reduce atomic, "
+       "predict off and flow barrier)"},
       {"reduce", "KT_REDUCE", {"last", "atomic"}, "last",
        "o_proj and down k-splits: the last item of a tile (an atomic counter) sums the partials in order and "
        "adds the residual, or every item adds its sums into an fp32 vector by atomics (their order, so the "
@@ -308,6 +312,15 @@ KnobSpace cuda_mega_space() {
          p["moe_reduce"].get<std::string>() != "atomic" || p["predict"].get<std::string>() != "off" ||
          p["kda_start"].get<std::string>() != "barrier")) {
       *why = "flow tagged and tagged_o need feed loader, reduce last, moe_reduce atomic, predict off and kda_start barrier";
+      return false;
+    }
+    // down_start tiles counts the gate/up sums' atomics per tile, in the
+    // routing's own slots, and keeps the barriers flow tagged relies on
+    // (megakernel.cu, DownPhase::wait_for_sums).
+    const bool predicted = p["predict"].get<std::string>() != "off" && p["feed"].get<std::string>() == "loader";
+    if (p["down_start"].get<std::string>() == "tiles" &&
+        (p["moe_reduce"].get<std::string>() != "atomic" || predicted || p["flow"].get<std::string>() != "barrier")) {
+      *why = "down_start tiles needs moe_reduce atomic, predict off (with feed loader) and flow barrier";
       return false;
     }
     // The lean loop is one shape: two batches in flight, scales one group ahead.

@@ -105,7 +105,10 @@
 // routing picks its TOPK among them, match_prediction, or a fix phase
 // computes them, MoeFixPhase), KT_KDA_START (0: the KDA phase starts after a grid
 // barrier; 1: a KDA item starts once its head's q, k, v, g tiles and beta are published,
-// per-head counters instead of the barrier), KT_REDUCE (0: the last of a
+// per-head counters instead of the barrier), KT_DOWN_START (0: the MoE down
+// phase starts after a grid barrier; 1: a down item starts once the gate/up
+// tiles its k range reads are complete, per-tile counters instead of the
+// barrier: gu_ready), KT_REDUCE (0: the last of a
 // tile's k-split items sums the partials and runs the epilogue; 1: o_proj's
 // and down's items add their partial sums into an fp32 vector with
 // fire-and-forget atomics, and the next phase's input staging adds the
@@ -188,6 +191,12 @@
 #ifndef KT_FLOW_LATE
 #define KT_FLOW_LATE 0
 #endif
+// Tests only: KT_DOWN_LATE 1, with KT_DOWN_START 1 every gate/up item
+// first yields a while (in the emulator, to the down items that wait for
+// it) before it adds its sums, so the down items reach their waits first.
+#ifndef KT_DOWN_LATE
+#define KT_DOWN_LATE 0
+#endif
 // Tests only: KT_ATTN_LATE 1, with KT_ATTN_FEED 1 the spare warps yield a
 // while before issuing each attention tile, so that the consumers reach the
 // tile first and must wait for it.
@@ -234,6 +243,12 @@ static_assert(KT_ATTN_ROWS == 16 || KT_ATTN_ROWS == 32, "attn_rows");
 static_assert(KT_ATTN_DEPTH >= 0 && KT_ATTN_DEPTH <= 2, "attn_depth");
 static_assert(KT_NUMBERING >= 0 && KT_NUMBERING <= 3, "numbering");
 static_assert(KT_KDA_START == 0 || KT_KDA_START == 1, "kda_start");
+static_assert(KT_DOWN_START == 0 || KT_DOWN_START == 1, "down_start");
+// down_start tiles counts the gate/up sums' atomics per tile (moe_reduce
+// atomic), in the routing's own slots (no prediction), and keeps the
+// barriers flow tagged relies on.
+static_assert(KT_DOWN_START == 0 || (KT_MOE_REDUCE == 1 && !KT_PREDICTED && KT_FLOW == 0),
+              "down_start tiles: moe_reduce atomic, predict off, flow barrier");
 static_assert(KT_REDUCE == 0 || KT_REDUCE == 1, "reduce");
 static_assert(KT_MOE_REDUCE == 0 || KT_MOE_REDUCE == 1, "moe_reduce");
 static_assert(KT_LAUNCH_PREFETCH == 0 || KT_LAUNCH_PREFETCH == 1, "launch_prefetch");
@@ -309,6 +324,11 @@ struct alignas(16) Scratch {
   int counters[kMaxTiles];
   unsigned router_done[KT_LAYERS];  // KT_LOGITS 0: router logits written, per layer (reset when the launch ends)
   unsigned head_ready[KT_LAYERS][KH];  // KT_KDA_START 1: a head's q, k, v, g tiles and beta published (likewise)
+#if KT_DOWN_START == 1
+  // Chunks of K added into each gate/up tile of a layer's gu, [slot][gate,
+  // up][tile] (likewise): D / CHUNK once the tile is complete.
+  unsigned gu_ready[KT_LAYERS][GU_SLOTS * 2 * (I / TILE)];
+#endif
   unsigned next_item[kMaxGemvPhases];  // KT_SCHED 1: items taken beyond the first wave, per GEMV phase (reset likewise)
   alignas(16) uint16_t xbuf[2][D];  // the residual stream between layers
   alignas(16) uint16_t hbuf[D];     // after attention, before the MoE
@@ -1858,8 +1878,11 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
     // KT_REDUCE 1, KT_MOE_REDUCE 1: the next phase's staging reads the sums
     // (stage_carried, DownPhase::stage); the grid barrier before it
     // publishes these atomics.
+    for (int i = 0; i < 64 * KT_DOWN_LATE; ++i) __nanosleep(1000);
     if (c.tid < TILE) atomicAdd(sums + c.tid, y);
     kt_block_sync();  // every warp's row of red was read: the block's next item clears them
+    // After the block barrier: thread 0's release covers every thread's atomics (cumulativity).
+    if (unsigned* ready = p.sums_ready(c, tile)) publish(c, ready, unsigned(item.kc1 - item.kc0));
     if (first) stamp(c, c.layer, kPhaseItemDone);
     return;
   }
@@ -2203,6 +2226,10 @@ struct PhaseDefaults {
   // Where a tile's items add their sums by atomics (no k-split hand-off; the
   // epilogue is then the next phase's), or nullptr.
   KT_DEV float* tile_sums(const Ctx&, int) const { return nullptr; }
+  // With tile_sums: a counter that each item adds its k extent (chunks) to
+  // once its sums are in, for readers that wait per tile instead of at a
+  // grid barrier (KT_DOWN_START 1), or nullptr.
+  KT_DEV unsigned* sums_ready(const Ctx&, int) const { return nullptr; }
 };
 
 // ---- K layer ------------------------------------------------------------------
@@ -2979,6 +3006,13 @@ struct MoeAPhase : PhaseDefaults {
     if (c.tid < TILE) gu_tile(c, tile)[c.tid] = y[c.tid];
   }
   KT_DEV float* tile_sums(const Ctx& c, int tile) const { return KT_MOE_REDUCE == 1 ? gu_tile(c, tile) : nullptr; }
+#if KT_DOWN_START == 1
+  KT_DEV unsigned* sums_ready(const Ctx& c, int tile) const {
+    int slot, up;
+    slot_of(tile, &slot, &up);
+    return &c.s->gu_ready[layer][(slot * 2 + up) * IT + tile % IT];
+  }
+#endif
 };
 
 // Tile `tile` (of I / TILE) of expert e's gate (up 0) or up projection.
@@ -3048,6 +3082,8 @@ struct DownPhase : PhaseDefaults {
   float* sums;  // KT_REDUCE 1: where the items add their sums; nullptr in the last layer (its output leaves the launch)
   const float* gu;  // the layer's gate and up sums (Scratch::gu)
   unsigned* tagged = nullptr;  // KT_FLOW 1: the next layer's x as tagged words too, for its staging
+  const unsigned* ready = nullptr;  // KT_DOWN_START 1: the layer's gu_ready (MoeAPhase::sums_ready)
+  static constexpr int IT = I / TILE;
   KT_DEV float* carry_sums() const { return KT_REDUCE == 1 ? sums : nullptr; }
   KT_DEV float* tile_sums(const Ctx&, int tile) const { return KT_REDUCE == 1 && sums ? sums + tile * TILE : nullptr; }
   KT_DEV bool feedable(const Ctx& c, int) const { return c.routed; }  // seg() reads the block's routing
@@ -3073,9 +3109,24 @@ struct DownPhase : PhaseDefaults {
     return s < TOPK ? s : RSLOTS + s - TOPK;
 #endif
   }
+  // KT_DOWN_START 1, no grid barrier before the phase: waits until every
+  // gate/up tile the item's k range [kc0, kc1) reads, its gate and its up,
+  // has all D / CHUNK chunks of its sums in. A thread a counter, so that
+  // their round trips overlap; the block barrier then orders every
+  // thread's reads of gu after the acquires.
+  KT_DEV void wait_for_sums(Ctx& c, int kc0, int kc1) const {
+    const int t0 = kc0 * CHUNK / TILE, t1 = (kc1 * CHUNK + TILE - 1) / TILE;  // TILE-wide pieces of down's K
+    for (int j = c.tid; j < 2 * (t1 - t0); j += THREADS) {
+      const int t = t0 + j / 2;
+      const unsigned* r = &ready[(gu_slot(c, t / IT) * 2 + j % 2) * IT + t % IT];
+      while (kt_ld_acquire(r) < unsigned(D / CHUNK)) __nanosleep(32);
+    }
+    kt_block_sync();
+  }
   // The item's activations silu(g) * u * w, four values (two pairs) per
   // thread and trip, loads issued in batches of B before they are used.
   KT_DEV void stage(Ctx& c, int, int kc0, int kc1) {
+    if (KT_DOWN_START) wait_for_sums(c, kc0, kc1);
     constexpr int B = 4;
     const int q0 = kc0 * 4, q1 = kc1 * 4;  // quads of k
     for (int base = q0; base < q1; base += B * THREADS) {
@@ -3192,6 +3243,9 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
   DownPhase down{{moe_layer_repack(layer)}, L, c.sm->topk, c.sm->topw, c.s->hbuf, x_next,
                  layer < KT_LAYERS - 1 ? c.s->carry[layer][1] : nullptr, c.s->gu[layer % 2]};
   stamp(c, layer, 5);
+#if KT_DOWN_START == 1
+  down.ready = c.s->gu_ready[layer];
+#endif
 #if KT_FLOW_HX
   if (layer < KT_LAYERS - 1) down.tagged = c.s->flow_x;
   stage_block_input(c, c.s->hbuf, x, Ly.moe_norm, c.s->hbuf, c.s->flow_h, c.tag);
@@ -3212,7 +3266,12 @@ KT_DEV void moe_layer(Ctx& c, int layer, const KtLayer& Ly, MoeAPhase& moe_a, co
 #endif
   stamp_event(c, kEventRoutedComputed, c.routed_at ? c.routed_at : ~0ull);
   c.routed_at = 0;
-  barrier_before(c, down);
+  // KT_DOWN_START 1: no grid barrier; each down item waits for the gate/up
+  // tiles it reads (DownPhase::wait_for_sums). The barrier also ordered
+  // nothing else the down phase touches: the gate/up items used no k-split
+  // counters or partials (their sums go by atomics), and every block routes
+  // for itself.
+  barrier_before(c, down, !KT_DOWN_START);
   stamp(c, layer, 7);
 #if KT_FEED == 3
   // The next layer's first GEMV phase streams behind the down phase.
@@ -4049,6 +4108,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
 #if KT_KDA_START == 1
     for (int l = 0; l < KT_LAYERS; ++l)
       for (int h = 0; h < KH; ++h) c.s->head_ready[l][h] = 0;  // no block reads them any more
+#endif
+#if KT_DOWN_START == 1
+    for (int l = 0; l < KT_LAYERS; ++l)
+      for (int t = 0; t < GU_SLOTS * 2 * (I / TILE); ++t) c.s->gu_ready[l][t] = 0;  // likewise
 #endif
     for (int i = 0; i < kMaxGemvPhases; ++i) atomicExch(&c.s->next_item[i], 0u);
 #if KT_FLOW
