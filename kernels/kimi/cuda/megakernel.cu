@@ -2925,6 +2925,13 @@ KT_DEV float* gate_up_sums(const Ctx& c, int layer, int slot, int up, int tile) 
   return &c.s->gu[layer % 2][(slot * 2 + up) * I + tile * TILE];
 }
 
+#if KT_DOWN_START == 1
+// That tile's counter of chunks added, in a layer's Scratch::gu_ready:
+// the gate/up items add to it (MoeAPhase::sums_ready), the down items wait
+// on it (DownPhase::wait_for_sums).
+KT_DEV constexpr int gate_up_ready_index(int slot, int up, int tile) { return (slot * 2 + up) * (I / TILE) + tile; }
+#endif
+
 // The MoE's first half in one phase: the router logits (row items, done
 // first), the shared experts' gate/up tiles, and the routed experts'
 // gate/up tiles. A block reaching its first routed tile waits until all
@@ -3010,7 +3017,7 @@ struct MoeAPhase : PhaseDefaults {
   KT_DEV unsigned* sums_ready(const Ctx& c, int tile) const {
     int slot, up;
     slot_of(tile, &slot, &up);
-    return &c.s->gu_ready[layer][(slot * 2 + up) * IT + tile % IT];
+    return &c.s->gu_ready[layer][gate_up_ready_index(slot, up, tile % IT)];
   }
 #endif
 };
@@ -3118,7 +3125,7 @@ struct DownPhase : PhaseDefaults {
     const int t0 = kc0 * CHUNK / TILE, t1 = (kc1 * CHUNK + TILE - 1) / TILE;  // TILE-wide pieces of down's K
     for (int j = c.tid; j < 2 * (t1 - t0); j += THREADS) {
       const int t = t0 + j / 2;
-      const unsigned* r = &ready[(gu_slot(c, t / IT) * 2 + j % 2) * IT + t % IT];
+      const unsigned* r = &ready[gate_up_ready_index(gu_slot(c, t / IT), j % 2, t % IT)];
       while (kt_ld_acquire(r) < unsigned(D / CHUNK)) __nanosleep(32);
     }
     kt_block_sync();
