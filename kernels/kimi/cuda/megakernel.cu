@@ -2925,12 +2925,10 @@ KT_DEV float* gate_up_sums(const Ctx& c, int layer, int slot, int up, int tile) 
   return &c.s->gu[layer % 2][(slot * 2 + up) * I + tile * TILE];
 }
 
-#if KT_DOWN_START == 1
-// That tile's counter of chunks added, in a layer's Scratch::gu_ready:
+// KT_DOWN_START 1: that tile's counter of chunks added, in a layer's Scratch::gu_ready:
 // the gate/up items add to it (MoeAPhase::sums_ready), the down items wait
 // on it (DownPhase::wait_for_sums).
 KT_DEV constexpr int gate_up_ready_index(int slot, int up, int tile) { return (slot * 2 + up) * (I / TILE) + tile; }
-#endif
 
 // The MoE's first half in one phase: the router logits (row items, done
 // first), the shared experts' gate/up tiles, and the routed experts'
