@@ -201,26 +201,27 @@ KnobSpace cuda_mega_space() {
     when(k, [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
   for (const char* k : {"launch_prefetch", "predict", "inflight"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
-  // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
-  auto holds = [](const json& p) {
-    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() == "off";
+  // A prediction runs only under the loader (megakernel.cu's KT_PREDICTED);
+  // the knobs below and the constraint's checks all ask it this one way.
+  auto predicted = [](const json& p) {
+    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
   };
+  // hold counts the loader's phases as the consumers' one for one; predict's fix phase runs on some layers only.
+  auto holds = [predicted](const json& p) { return p["feed"].get<std::string>() == "loader" && !predicted(p); };
   when("hold", holds);
   for (const char* k : {"hold_release", "hold_scope"})
     when(k, [holds](const json& p) { return holds(p) && p["hold"].get<int>() > 0; });
-  when("predict_stream", [](const json& p) {
-    return p["feed"].get<std::string>() == "loader" && p["predict"].get<std::string>() != "off";
-  });
+  when("predict_stream", predicted);
   for (const char* k : {"attn_rows", "attn_depth", "attn_chains", "attn_early", "attn_rolled", "attn_parts", "attn_feed",
                         "attn_first"})
     when(k, [](const json& p) { return p["attn"].get<std::string>() == "mma"; });
   // attn_feed spare needs the loader warpgroup's spare warps (under predict they are the predictor's) and
   // every tile theirs to issue (attn_early issues the first ones); elsewhere the block's threads issue them.
-  when("attn_feed", [](const json& p) {
-    return p["attn"].get<std::string>() == "mma" && p["feed"].get<std::string>() == "loader" &&
-           p["attn_early"].get<int>() == 0 && p["predict"].get<std::string>() == "off";
+  when("attn_feed", [predicted](const json& p) {
+    return p["attn"].get<std::string>() == "mma" && p["feed"].get<std::string>() == "loader" && !predicted(p) &&
+           p["attn_early"].get<int>() == 0;
   });
-  s.constraint = [](const json& p, std::string* why) {
+  s.constraint = [predicted](const json& p, std::string* why) {
     // Two blocks of more than 8 warps do not fit an SM's registers and shared
     // memory together (the runner's occupancy check refused 2 x 384 and 2 x
     // 512 threads in GPU sessions: RESULTS, runs 90 and 101).
@@ -309,7 +310,7 @@ KnobSpace cuda_mega_space() {
     // settings leave between phases (megakernel.cu, flow_tag).
     if (p["flow"].get<std::string>() != "barrier" &&
         (p["feed"].get<std::string>() != "loader" || p["reduce"].get<std::string>() != "last" ||
-         p["moe_reduce"].get<std::string>() != "atomic" || p["predict"].get<std::string>() != "off" ||
+         p["moe_reduce"].get<std::string>() != "atomic" || predicted(p) ||
          p["kda_start"].get<std::string>() != "barrier")) {
       *why = "flow tagged and tagged_o need feed loader, reduce last, moe_reduce atomic, predict off and kda_start barrier";
       return false;
@@ -317,9 +318,8 @@ KnobSpace cuda_mega_space() {
     // down_start tiles counts the gate/up sums' atomics per tile, in the
     // routing's own slots, and keeps the barriers flow tagged relies on
     // (megakernel.cu, DownPhase::wait_for_sums).
-    const bool predicted = p["predict"].get<std::string>() != "off" && p["feed"].get<std::string>() == "loader";
     if (p["down_start"].get<std::string>() == "tiles" &&
-        (p["moe_reduce"].get<std::string>() != "atomic" || predicted || p["flow"].get<std::string>() != "barrier")) {
+        (p["moe_reduce"].get<std::string>() != "atomic" || predicted(p) || p["flow"].get<std::string>() != "barrier")) {
       *why = "down_start tiles needs moe_reduce atomic, predict off (with feed loader) and flow barrier";
       return false;
     }
