@@ -31,6 +31,13 @@
 //   v9  v2 with all three as such products
 //   v10 v2 with the warp's next stage's weights and scales read from
 //       shared memory before its current stage is computed
+//   v11 the dequant folded out of the weights: a column's sum over a
+//       group is s (sum_k x_k (128 + q_k) - (128 + z) sum_k x_k), so the
+//       mma takes the nibbles' bf16 128 + q as they are (no subtract, no
+//       multiply a weight), one more mma with all-ones weights gives the
+//       warp's sum of x, and each stage ends with two FMAs a sum. w is not
+//       rounded to bf16 as the spec's dequant rounds it, so it is checked
+//       against the unrounded dequant, (q - z) s in double
 //
 // What it showed on the H200 (RESULTS.md, 2026-12-02, runs 216 and 220): v1
 // eats a stage in 276 ns a block at 8 warps (4.16 TB/s over 132 blocks, as
@@ -75,7 +82,7 @@ using mk::WARPS;
 constexpr int K = STAGES * mk::G;  // a round: the ring's stages, one item of STAGES groups
 static_assert(K <= mk::KMAX, "the staged input holds K");
 
-enum Version { kMegakernel = 1, kCopy, kQ4, kQ8, kNoMbar, kNoDequant, kQ1, kMulHi1, kMulHi3, kAhead };
+enum Version { kMegakernel = 1, kCopy, kQ4, kQ8, kNoMbar, kNoDequant, kQ1, kMulHi1, kMulHi3, kAhead, kFolded };
 
 // v8, v9: a chunk whose nibble shifts (registers 1..SHIFTS of an mma, of
 // the 3 that need one) are high words of products (IMAD.HI, on the FMA
@@ -103,9 +110,60 @@ __device__ __forceinline__ void chunk_mulhi(const uint4& wa, const uint4& wb, co
 }
 __device__ uint32_t g_shift_mul[4] = {1u, 1u << 28, 1u << 24, 1u << 20};
 
+// v11: a warp's Q chunks of one stage (one quantization group, so one
+// scale and zero a column) with the dequant folded out. The A fragment's
+// rows g and g + 8 of block j are the lane's columns 2j and 2j + 1, whose
+// scale and 128 + zero are the low and high halves of ss[j] and zz[j]; the
+// C fragment's c0, c1 are row g (x's hi and lo parts in lanes t == 0, zero
+// elsewhere), c2, c3 row g + 8.
+template <int Q>
+__device__ __forceinline__ void compute_folded_stage(const Stage& st, int lane, int first_chunk, uint32_t bias,
+                                                     const uint32_t* xh, const uint32_t* xl, int lc0,
+                                                     float (&mma_acc)[8][4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint4* sv = reinterpret_cast<const uint4*>(st.sc + 16 * g);
+  const uint4* zv = reinterpret_cast<const uint4*>(st.ze + 16 * g);
+  const uint4 s_lo = sv[0], s_hi = sv[1], z_lo = zv[0], z_hi = zv[1];
+  const uint32_t ss[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+  const uint32_t zz[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+  const uint32_t* xsrc = g == 0 ? xh : xl;
+  uint4 wa[Q], wb[Q];
+  uint32_t b[Q][2];
+  float sum_x[4] = {0, 0, 0, 0};
+  constexpr uint32_t kOnes[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // bf16 1.0 pairs
+#pragma unroll
+  for (int q = 0; q < Q; ++q) {
+    const int j = first_chunk + q, lc = lc0 + j;
+    const uint8_t* w = st.w + j * 1024 + lane * 16;
+    wa[q] = *reinterpret_cast<const uint4*>(w);
+    wb[q] = *reinterpret_cast<const uint4*>(w + 512);
+    b[q][0] = g < 2 ? xsrc[lc * 8 + t] : 0u;
+    b[q][1] = g < 2 ? xsrc[lc * 8 + t + 4] : 0u;
+    kt_mma_bf16(sum_x, kOnes, b[q]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float part[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const uint32_t w = mk::word_of(j < 4 ? wa[q] : wb[q], j & 3);
+      uint32_t a[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[r] = ((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias;
+      kt_mma_bf16(part, a, b[q]);
+    }
+    const float s0 = __uint_as_float(ss[j] << 16), s1 = __uint_as_float(ss[j] & 0xffff0000u);
+    const float z0 = __uint_as_float(zz[j] << 16), z1 = __uint_as_float(zz[j] & 0xffff0000u);
+    mma_acc[j][0] = fmaf(s0, fmaf(-z0, sum_x[0], part[0]), mma_acc[j][0]);
+    mma_acc[j][1] = fmaf(s0, fmaf(-z0, sum_x[1], part[1]), mma_acc[j][1]);
+    mma_acc[j][2] = fmaf(s1, fmaf(-z1, sum_x[2], part[2]), mma_acc[j][2]);
+    mma_acc[j][3] = fmaf(s1, fmaf(-z1, sum_x[3], part[3]), mma_acc[j][3]);
+  }
+}
+
 // The study's copy of the consumers' loop (mk::consume_stages), with the
 // chunks a warp takes per stage (Q) and the probes as parameters.
-template <int Q, bool MBAR, bool DEQUANT>
+template <int Q, bool MBAR, bool DEQUANT, bool FOLDED = false>
 __device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
   constexpr int WPG = STAGE_CHUNKS / Q, GROUPS = WARPS / WPG;
   static_assert(WARPS % WPG == 0, "whole warp groups");
@@ -120,7 +178,9 @@ __device__ __noinline__ void consume(Smem* sm, unsigned eaten, int g0, int n, ui
     if (MBAR) kt_mbar_wait(&sm->full[slot], parity);
     const Stage& st = stages[slot];
     const int lc0 = (g0 + s) * STAGE_CHUNKS;
-    if (DEQUANT) {
+    if (FOLDED) {
+      compute_folded_stage<Q>(st, lane, first_chunk, bias, sm->xs_hi, sm->xs_lo, lc0, mma_acc);
+    } else if (DEQUANT) {
       mk::compute_feed_stage<Q>(st, lane, first_chunk, bias, sm->xs_hi, sm->xs_lo, lc0, mma_acc);
     } else {
 #pragma unroll
@@ -239,6 +299,7 @@ __device__ void consume_version(Smem* sm, unsigned eaten, uint32_t bias, float* 
   if constexpr (V == kMulHi1) consume_alt<1, false>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kMulHi3) consume_alt<3, false>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kAhead) consume_alt<0, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kFolded) consume<mk::FEED_Q, true, true, true>(sm, eaten, 0, STAGES, bias, red_row);
 }
 __host__ __device__ constexpr int warps_per_stage(int v) {
   return v == kQ1 ? 8 : v == kQ4 ? 2 : v == kQ8 ? 1 : mk::FEED_WPG;
@@ -310,10 +371,14 @@ __global__ void repack_kernel(const uint8_t* wq, const uint16_t* sc, const uint1
   mk::repack_stage(wq, sc, ze, TILE, 0, blockIdx.x, out + size_t(blockIdx.x) * sizeof(Stage));
 }
 
+// What a version's sums are checked against: nothing (a probe whose sums
+// are not the GEMV's), the spec's dequant (w rounded to bf16 as bf16
+// arithmetic rounds it), or the unrounded dequant (q - z) s.
+enum Check { kUnchecked, kSpecDequant, kUnroundedDequant };
 struct Case {
   const char* name;
   void (*kernel)(const uint8_t*, const float*, int, float*, unsigned long long*);
-  bool checked;
+  Check check;
 };
 
 }  // namespace study
@@ -334,8 +399,8 @@ int main(int argc, char** argv) {
   for (auto& s : sc) s = float_to_bf16(scale(rng));
   for (auto& z : ze) z = float_to_bf16(float(zero(rng)));
   for (auto& v : x) v = normal(rng);
-  // The reference: w = bf16(bf16(q - z) * s), x as its hi + lo parts.
-  std::vector<double> want(TILE, 0.0), scale_of(TILE, 0.0);
+  // The references: w = bf16(bf16(q - z) * s), and (v11) w = (q - z) s; x as its hi + lo parts.
+  std::vector<double> want(TILE, 0.0), want_unrounded(TILE, 0.0), scale_of(TILE, 0.0);
   for (int k = 0; k < K; ++k) {
     const double hi = round_bf16f(x[k]), xk = hi + round_bf16f(x[k] - float(hi));
     for (int n = 0; n < TILE; ++n) {
@@ -344,6 +409,7 @@ int main(int argc, char** argv) {
       const size_t gi = size_t(k / mk::G) * TILE + n;
       const double w = round_bf16(round_bf16(q - bf16_to_float(ze[gi])) * bf16_to_float(sc[gi]));
       want[n] += w * xk;
+      want_unrounded[n] += (q - double(bf16_to_float(ze[gi]))) * double(bf16_to_float(sc[gi])) * xk;
       scale_of[n] += std::fabs(w * xk);
     }
   }
@@ -370,16 +436,17 @@ int main(int argc, char** argv) {
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
 
-  const Case cases[] = {{"v1 megakernel consume_stages", rate_kernel<kMegakernel>, true},
-                        {"v2 copy", rate_kernel<kCopy>, true},
-                        {"v3 Q4", rate_kernel<kQ4>, true},
-                        {"v4 Q8", rate_kernel<kQ8>, true},
-                        {"v5 no mbarriers", rate_kernel<kNoMbar>, true},
-                        {"v6 no dequant arithmetic", rate_kernel<kNoDequant>, false},
-                        {"v7 Q1", rate_kernel<kQ1>, true},
-                        {"v8 mulhi 1 shift", rate_kernel<kMulHi1>, true},
-                        {"v9 mulhi 3 shifts", rate_kernel<kMulHi3>, true},
-                        {"v10 next stage read ahead", rate_kernel<kAhead>, true}};
+  const Case cases[] = {{"v1 megakernel consume_stages", rate_kernel<kMegakernel>, kSpecDequant},
+                        {"v2 copy", rate_kernel<kCopy>, kSpecDequant},
+                        {"v3 Q4", rate_kernel<kQ4>, kSpecDequant},
+                        {"v4 Q8", rate_kernel<kQ8>, kSpecDequant},
+                        {"v5 no mbarriers", rate_kernel<kNoMbar>, kSpecDequant},
+                        {"v6 no dequant arithmetic", rate_kernel<kNoDequant>, kUnchecked},
+                        {"v7 Q1", rate_kernel<kQ1>, kSpecDequant},
+                        {"v8 mulhi 1 shift", rate_kernel<kMulHi1>, kSpecDequant},
+                        {"v9 mulhi 3 shifts", rate_kernel<kMulHi3>, kSpecDequant},
+                        {"v10 next stage read ahead", rate_kernel<kAhead>, kSpecDequant},
+                        {"v11 dequant folded", rate_kernel<kFolded>, kUnroundedDequant}};
   const size_t smem = sizeof(Smem);
   std::printf("consumer_rate: %d consumer warps (KT_THREADS %d), ring %d stages of %zu bytes, %d rounds, %d blocks, "
               "SM clock %.0f MHz (nominal)\n",
@@ -401,7 +468,8 @@ int main(int argc, char** argv) {
     double worst = 0;
     for (int b = 0; b < sms; ++b)
       for (int n = 0; n < TILE; ++n) {
-        const double d = std::fabs(double(y[size_t(b) * TILE + n]) - want[n]) / (scale_of[n] + 1e-30);
+        const double ref = cs.check == kUnroundedDequant ? want_unrounded[n] : want[n];
+        const double d = std::fabs(double(y[size_t(b) * TILE + n]) - ref) / (scale_of[n] + 1e-30);
         worst = std::isfinite(d) ? std::max(worst, d) : 1e30;
       }
     const bool ok = worst < 1e-5;
@@ -420,11 +488,11 @@ int main(int argc, char** argv) {
     const double c_med = cyc[cyc.size() / 2], ns_med = ns[ns.size() / 2];
     const double gbs = sizeof(Stage) / ns_med;
     char check[32];
-    if (cs.checked) std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", worst);
+    if (cs.check != kUnchecked) std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", worst);
     else std::snprintf(check, sizeof check, "-");
     std::printf("%-32s %10.1f %10.1f %10.1f %12.2f %8s  (blocks' ns/stage %.1f..%.1f)\n", cs.name, c_med, ns_med, gbs,
                 gbs * sms / 1e3, check, ns.front(), ns.back());
-    if (cs.checked && !ok) ++failed;
+    if (cs.check != kUnchecked && !ok) ++failed;
   }
   return failed ? 1 : 0;
 }
