@@ -50,9 +50,9 @@
 // from landing to released counts more than the rate. Run 241: v8 303, v9
 // 370, v10 334 ns against v2's 268 (IMAD.HI costs more than a shift; the
 // read-ahead only adds register moves). Run 321 (H100, same clock): v11
-// 290 ns against v2's 270 and v1's 276: the fold's extra mma and its FMAs,
-// which wait on each block's mma result, cost more than the bf16 subtract
-// and multiply they replace. Ported to the megakernel as a knob for the same
+// 290 ns against v2's 270 and v1's 276: likely (not profiled) the fold's
+// extra mma and its FMAs, which wait on each block's mma result, cost more
+// than the bf16 subtract and multiply they replace. Ported to the megakernel as a knob for the same
 // run, it was no faster (within 1.5 us) and 5x farther from the oracle
 // (relative L2 error of the output 1.1e-2 against 1.8e-3), so the knob was
 // removed. Here v11 matches the unrounded dequant to 3e-8, so the fold
