@@ -64,27 +64,12 @@
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
 //     $(scripts/megakernel_defines.sh) -o .devcarry/consumer_rate kernels/kimi/cuda/dev/consumer_rate.cu
 // Run on the device machine: .devcarry/consumer_rate [rounds] [version names...]
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <random>
-#include <string>
-#include <vector>
-
-#include "base/bf16.h"
-#include "kernels/kimi/cuda/dev/cuda_check.h"
 #include "kernels/kimi/cuda/megakernel.cu"
+// (after it:)
+#include "kernels/kimi/cuda/dev/megakernel_study.cuh"
 
 namespace study {
-using mk::Smem;
-using mk::Stage;
 using mk::STAGE_CHUNKS;
-using mk::STAGES;
-using mk::THREADS;
-using mk::TILE;
 using mk::WARPS;
 
 constexpr int K = STAGES * mk::G;  // a round: the ring's stages, one item of STAGES groups
@@ -313,8 +298,6 @@ __host__ __device__ constexpr int warps_per_stage(int v) {
   return v == kQ1 ? 8 : v == kQ4 ? 2 : v == kQ8 ? 1 : mk::FEED_WPG;
 }
 
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
-
 // One block a tile copy: stages (STAGES x sizeof(Stage), repacked) and x
 // (K floats) into shared memory, then `rounds` items of STAGES stages.
 // times[2 b], [2 b + 1]: the block's clock64 and globaltimer spans.
@@ -397,49 +380,36 @@ int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
   std::mt19937 rng(20261202);
   // A tile's K x 128 weights in the spec's layout, its scales and zeros, x.
-  std::vector<uint8_t> wq(size_t(K / 2) * TILE);
-  std::vector<uint16_t> sc(size_t(K / mk::G) * TILE), ze(sc.size());
+  const Stack tile(1, K, TILE, rng);
   std::vector<float> x(K);
-  std::uniform_int_distribution<int> byte(0, 255), zero(0, 15);
-  std::uniform_real_distribution<float> scale(0.001f, 0.004f);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& b : wq) b = uint8_t(byte(rng));
-  for (auto& s : sc) s = float_to_bf16(scale(rng));
-  for (auto& z : ze) z = float_to_bf16(float(zero(rng)));
   for (auto& v : x) v = normal(rng);
-  // The references: w = bf16(bf16(q - z) * s), and (v11) w = (q - z) s; x as its hi + lo parts.
+  // The references: w = bf16(bf16(q - z) * s) (Stack::w), and (v11) w = (q - z) s; x as its hi + lo parts.
   std::vector<double> want(TILE, 0.0), want_unrounded(TILE, 0.0), scale_of(TILE, 0.0);
   for (int k = 0; k < K; ++k) {
     const double hi = round_bf16f(x[k]), xk = hi + round_bf16f(x[k] - float(hi));
     for (int n = 0; n < TILE; ++n) {
-      const uint8_t b = wq[size_t(k / 2) * TILE + n];
+      const uint8_t b = tile.q[size_t(k / 2) * TILE + n];
       const int q = k % 2 ? b >> 4 : b & 15;
       const size_t gi = size_t(k / mk::G) * TILE + n;
-      const double w = round_bf16(round_bf16(q - bf16_to_float(ze[gi])) * bf16_to_float(sc[gi]));
+      const double w = tile.w(0, K, TILE, k, n);
       want[n] += w * xk;
-      want_unrounded[n] += (q - double(bf16_to_float(ze[gi]))) * double(bf16_to_float(sc[gi])) * xk;
+      want_unrounded[n] += (q - double(bf16_to_float(tile.z[gi]))) * double(bf16_to_float(tile.s[gi])) * xk;
       scale_of[n] += std::fabs(w * xk);
     }
   }
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = sms_at_least(1, "consumer_rate", "a block an SM");
   int clock_khz = 0;
   CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-  uint8_t *d_wq, *d_stages;
-  uint16_t *d_sc, *d_ze;
-  float *d_x, *d_y;
+  uint8_t* d_wq = to_device(tile.q);
+  uint16_t *d_sc = to_device(tile.s), *d_ze = to_device(tile.z);
+  float* d_x = to_device(x);
+  uint8_t* d_stages;
+  float* d_y;
   unsigned long long* d_times;
-  CHECK(cudaMalloc(&d_wq, wq.size()));
-  CHECK(cudaMalloc(&d_sc, sc.size() * 2));
-  CHECK(cudaMalloc(&d_ze, ze.size() * 2));
-  CHECK(cudaMalloc(&d_x, x.size() * 4));
   CHECK(cudaMalloc(&d_stages, size_t(STAGES) * sizeof(Stage)));
   CHECK(cudaMalloc(&d_y, size_t(sms) * TILE * 4));
   CHECK(cudaMalloc(&d_times, size_t(sms) * 2 * 8));
-  CHECK(cudaMemcpy(d_wq, wq.data(), wq.size(), cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_sc, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_ze, ze.data(), ze.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   repack_kernel<<<STAGES, 256>>>(d_wq, d_sc, d_ze, d_stages);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
@@ -463,9 +433,7 @@ int main(int argc, char** argv) {
               "check");
   int failed = 0;
   for (const Case& cs : cases) {
-    bool wanted = argc <= 2;
-    for (int i = 2; i < argc; ++i) wanted = wanted || std::strncmp(cs.name, argv[i], std::strlen(argv[i])) == 0;
-    if (!wanted) continue;
+    if (!asked_for(cs.name, argc, argv, 2)) continue;
     CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CHECK(cudaMemset(d_y, 0xff, size_t(sms) * TILE * 4));  // poisoned: NaN until written
     cs.kernel<<<sms, KT_BLOCK_THREADS, smem>>>(d_stages, d_x, 1, d_y, d_times);  // warm-up, and the checked run

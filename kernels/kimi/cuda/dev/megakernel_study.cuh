@@ -104,11 +104,15 @@ T* to_device(const std::vector<T>& v) {
 }
 
 // Whether the version `name` was asked for on the command line: no names
-// (arguments from `first` on) asks for every version, else a name that is
-// a prefix of it.
+// (arguments from `first` on) asks for every version, else an argument that
+// is its first words ("v1" asks for "v1 megakernel ..." but not for "v10
+// ...", "B1" for "B1 hold 2" but not for "B13 ...").
 inline bool asked_for(const char* name, int argc, char** argv, int first) {
   bool wanted = argc <= first;
-  for (int i = first; i < argc; ++i) wanted = wanted || std::strncmp(name, argv[i], std::strlen(argv[i])) == 0;
+  for (int i = first; i < argc; ++i) {
+    const size_t n = std::strlen(argv[i]);
+    wanted = wanted || (std::strncmp(name, argv[i], n) == 0 && (name[n] == '\0' || name[n] == ' '));
+  }
   return wanted;
 }
 
