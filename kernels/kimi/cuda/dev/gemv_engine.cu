@@ -1402,10 +1402,8 @@ int main(int argc, char** argv) {
       }
     }
     for (const Version& v : versions) {
-      // Arguments: run only the versions whose names start with one of them.
-      bool wanted = argc < 2;
-      for (int i = 1; i < argc; ++i) wanted = wanted || std::strncmp(v.name, argv[i], std::strlen(argv[i])) == 0;
-      if (!wanted) continue;
+      // Arguments: run only the versions they name (asked_for).
+      if (!asked_for(v.name, argc, argv, 1)) continue;
       Problem p{dw, ds, dz, dx, dy, cs.M, cs.K, cs.N, cs.S, dspan, dwrep, dwfrag};
       const int warps = v.threads / 32;
       const bool stream = v.kernel == v0_stream<4> || v.kernel == v0_stream<8> || v.kernel == v0_stream<16>;
@@ -1591,9 +1589,7 @@ int main(int argc, char** argv) {
       std::printf("\n== v10 %s: %.1f MB of weights + scales\n", r.name, bytes / 1e6);
       std::printf("%-40s %10s %10s %8s %10s  %s\n", "version", "span us", "GB/s", "regs", "max err", "block 0's phase ends (us)");
       for (const SeqVersion& v : sv) {
-        bool wanted = argc < 2;
-        for (int i = 1; i < argc; ++i) wanted = wanted || std::strncmp(v.name, argv[i], std::strlen(argv[i])) == 0;
-        if (!wanted) continue;
+        if (!asked_for(v.name, argc, argv, 1)) continue;
         const size_t smem = 9216 * 2 + size_t(v.tacc_rows) * V10_TILES_PER_RANGE * TILE * 4 + 2 * v.ns * 8 + 128 + size_t(v.ns) * V10_STAGE;
         CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         cudaFuncAttributes fa;

@@ -4,7 +4,8 @@
 // consumer roles, the consumer warps' block barriers, a counter grid
 // barrier among them, random W4A16 weights in the spec's layout with the
 // spec's dequantised values for a CPU reference, host-to-device copies,
-// and the host side's version selection, launch and check.
+// and the host side's launch and check (the version selection, asked_for,
+// is in cuda_check.h).
 // Include after kernels/kimi/cuda/megakernel.cu.
 #pragma once
 #include <cuda_runtime.h>
@@ -101,19 +102,6 @@ T* to_device(const std::vector<T>& v) {
   CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
   CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
-}
-
-// Whether the version `name` was asked for on the command line: no names
-// (arguments from `first` on) asks for every version, else an argument that
-// is its first words ("v1" asks for "v1 megakernel ..." but not for "v10
-// ...", "B1" for "B1 hold 2" but not for "B13 ...").
-inline bool asked_for(const char* name, int argc, char** argv, int first) {
-  bool wanted = argc <= first;
-  for (int i = first; i < argc; ++i) {
-    const size_t n = std::strlen(argv[i]);
-    wanted = wanted || (std::strncmp(name, argv[i], n) == 0 && (name[n] == '\0' || name[n] == ' '));
-  }
-  return wanted;
 }
 
 // One cooperative launch of `kernel` (a block an SM, the loader warpgroup
