@@ -52,10 +52,10 @@
 // read-ahead only adds register moves). Run 321 (H100, same clock): v11
 // 290 ns against v2's 270 and v1's 276: likely (not profiled) the fold's
 // extra mma and its FMAs, which wait on each block's mma result, cost more
-// than the bf16 subtract and multiply they replace. Ported to the megakernel as a knob for the same
-// run, it was no faster (within 1.5 us) and 5x farther from the oracle
-// (relative L2 error of the output 1.1e-2 against 1.8e-3), so the knob was
-// removed. Here v11 matches the unrounded dequant to 3e-8, so the fold
+// than the bf16 subtract and multiply they replace. Ported to the
+// megakernel as a knob for the same run, it was no faster (within 1.5 us)
+// and 5x farther from the oracle (relative L2 error of the output 1.1e-2
+// against 1.8e-3), so the knob was removed. Here v11 matches the unrounded dequant to 3e-8, so the fold
 // itself is exact; the likely cause is the oracle's w rounded to bf16, as
 // the spec says and the fold does not (not isolated).
 //
@@ -65,7 +65,7 @@
 //     $(scripts/megakernel_defines.sh) -o .devcarry/consumer_rate kernels/kimi/cuda/dev/consumer_rate.cu
 // Run on the device machine: .devcarry/consumer_rate [rounds] [version names...]
 #include "kernels/kimi/cuda/megakernel.cu"
-// (after it:)
+// The studies' shared pieces, which build on megakernel.cu (so after it).
 #include "kernels/kimi/cuda/dev/megakernel_study.cuh"
 
 namespace study {
@@ -145,8 +145,7 @@ __device__ __forceinline__ void compute_folded_stage(const Stage& st, int lane, 
       for (int r = 0; r < 4; ++r) a[r] = ((r == 0 ? w : w >> (4 * r)) & 0x000f000fu) | bias;
       kt_mma_bf16(part, a, b[q]);
     }
-    const float s0 = __uint_as_float(ss[j] << 16), s1 = __uint_as_float(ss[j] & 0xffff0000u);
-    const float z0 = __uint_as_float(zz[j] << 16), z1 = __uint_as_float(zz[j] & 0xffff0000u);
+    const float s0 = kt_lo(ss[j]), s1 = kt_hi(ss[j]), z0 = kt_lo(zz[j]), z1 = kt_hi(zz[j]);
     mma_acc[j][0] = fmaf(s0, fmaf(-z0, sum_x[0], part[0]), mma_acc[j][0]);
     mma_acc[j][1] = fmaf(s0, fmaf(-z0, sum_x[1], part[1]), mma_acc[j][1]);
     mma_acc[j][2] = fmaf(s1, fmaf(-z1, sum_x[2], part[2]), mma_acc[j][2]);
