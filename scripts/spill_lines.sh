@@ -5,15 +5,24 @@
 # source line, most first. Needs nvdisasm (the device machine has it; this
 # machine does not). Usage (device tool):
 #   scripts/spill_lines.sh "KT_THREADS=512 KT_GEMV_CODE=2" ...   (logs in $OUT)
+# An argument ending in .cubin is disassembled as it is: one built here with
+# line info, so the device spends no time compiling:
+#   CUBIN_OUT=.devcarry/t384.cubin NVCC_EXTRA=-lineinfo scripts/ptxas_check.sh KT_THREADS=384
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 for defs in "$@"; do
-  tag=$(echo "$defs" | tr ' =' '__')
-  # shellcheck disable=SC2086
-  CUBIN_OUT=/tmp/spills.cubin NVCC_EXTRA=-lineinfo "$(dirname "$0")/ptxas_check.sh" $defs >"$OUT/ptxas_$tag.txt" 2>&1
-  nvdisasm --print-line-info /tmp/spills.cubin >/tmp/spills.dis
+  tag=$(basename "$defs" | tr ' =' '__')
+  cubin=$defs
+  if [[ $defs != *.cubin ]]; then
+    cubin=/tmp/spills.cubin
+    # shellcheck disable=SC2086
+    CUBIN_OUT=$cubin NVCC_EXTRA=-lineinfo "$(dirname "$0")/ptxas_check.sh" $defs >"$OUT/ptxas_$tag.txt" 2>&1
+  else
+    cuobjdump -res-usage "$cubin" >"$OUT/ptxas_$tag.txt" 2>&1
+  fi
+  nvdisasm --print-line-info "$cubin" >/tmp/spills.dis
   awk '
     # the innermost frame, and the innermost megakernel.cu frame when the line is in a header
     /\/\/## File/ {
@@ -29,6 +38,6 @@ for defs in "$@"; do
     /[^A-Z]STL[. ]/ { c[line " STL"]++ }
     /[^A-Z]LDL[. ]/ { c[line " LDL"]++ }
     END { for (k in c) print c[k], k }' /tmp/spills.dis | sort -rn >"$OUT/spills_$tag.txt"
-  echo "== [$defs] $(grep -E 'registers|spill' "$OUT/ptxas_$tag.txt" | head -2 | tr -s ' ' | tr '\n' ' ')"
+  echo "== [$defs] $(grep -E 'registers|spill|REG:' "$OUT/ptxas_$tag.txt" | head -2 | tr -s ' ' | tr '\n' ' ')"
   head -30 "$OUT/spills_$tag.txt"
 done

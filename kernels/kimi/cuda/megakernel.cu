@@ -431,7 +431,12 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 // 64 since the loader ranks the router's logits (loader_route): at 40 that
 // code spilled and took ~3 us a layer (run 146). 72 since it also plans the
 // down phase early (load_moe): ptxas's spills fell, and the consumers keep 216.
-constexpr int kLoaderRegs = 72;
+// Studies only: KT_LOADER_REGS n sets it (scripts/ptxas_check.sh
+// KT_THREADS=384 KT_LOADER_REGS=40: what 12 consumer warps would get).
+#ifndef KT_LOADER_REGS
+#define KT_LOADER_REGS 72
+#endif
+constexpr int kLoaderRegs = KT_LOADER_REGS;
 constexpr int kLaunchAlloc = kLaunchRegs / 8 * 8;
 constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + 128 * (kLaunchAlloc - kLoaderRegs) / THREADS / 8 * 8);
 static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > kLoaderRegs), "loader registers");

@@ -287,7 +287,7 @@ __device__ void consume_version(Smem* sm, unsigned eaten, uint32_t bias, float* 
   if constexpr (V == kQ8) consume<8, true, true>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kNoMbar) consume<mk::FEED_Q, false, true>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kNoDequant) consume<mk::FEED_Q, true, false>(sm, eaten, 0, STAGES, bias, red_row);
-  if constexpr (V == kQ1) consume<1, true, true>(sm, eaten, 0, STAGES, bias, red_row);
+  if constexpr (V == kQ1 && WARPS % 8 == 0) consume<1, true, true>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kMulHi1) consume_alt<1, false>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kMulHi3) consume_alt<3, false>(sm, eaten, 0, STAGES, bias, red_row);
   if constexpr (V == kAhead) consume_alt<0, true>(sm, eaten, 0, STAGES, bias, red_row);
@@ -369,7 +369,12 @@ struct Case {
   const char* name;
   void (*kernel)(const uint8_t*, const float*, int, float*, unsigned long long*);
   Check check;
+  int warps_a_stage;  // the version runs where the consumer warps are whole groups of these
 };
+template <int V>
+Case version_case(const char* name, Check check) {
+  return {name, rate_kernel<V>, check, warps_per_stage(V)};
+}
 
 }  // namespace study
 
@@ -413,17 +418,17 @@ int main(int argc, char** argv) {
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
 
-  const Case cases[] = {{"v1 megakernel consume_stages", rate_kernel<kMegakernel>, kSpecDequant},
-                        {"v2 copy", rate_kernel<kCopy>, kSpecDequant},
-                        {"v3 Q4", rate_kernel<kQ4>, kSpecDequant},
-                        {"v4 Q8", rate_kernel<kQ8>, kSpecDequant},
-                        {"v5 no mbarriers", rate_kernel<kNoMbar>, kSpecDequant},
-                        {"v6 no dequant arithmetic", rate_kernel<kNoDequant>, kUnchecked},
-                        {"v7 Q1", rate_kernel<kQ1>, kSpecDequant},
-                        {"v8 mulhi 1 shift", rate_kernel<kMulHi1>, kSpecDequant},
-                        {"v9 mulhi 3 shifts", rate_kernel<kMulHi3>, kSpecDequant},
-                        {"v10 next stage read ahead", rate_kernel<kAhead>, kSpecDequant},
-                        {"v11 dequant folded", rate_kernel<kFolded>, kUnroundedDequant}};
+  const Case cases[] = {version_case<kMegakernel>("v1 megakernel consume_stages", kSpecDequant),
+                        version_case<kCopy>("v2 copy", kSpecDequant),
+                        version_case<kQ4>("v3 Q4", kSpecDequant),
+                        version_case<kQ8>("v4 Q8", kSpecDequant),
+                        version_case<kNoMbar>("v5 no mbarriers", kSpecDequant),
+                        version_case<kNoDequant>("v6 no dequant arithmetic", kUnchecked),
+                        version_case<kQ1>("v7 Q1", kSpecDequant),
+                        version_case<kMulHi1>("v8 mulhi 1 shift", kSpecDequant),
+                        version_case<kMulHi3>("v9 mulhi 3 shifts", kSpecDequant),
+                        version_case<kAhead>("v10 next stage read ahead", kSpecDequant),
+                        version_case<kFolded>("v11 dequant folded", kUnroundedDequant)};
   const size_t smem = sizeof(Smem);
   std::printf("consumer_rate: %d consumer warps (KT_THREADS %d), ring %d stages of %zu bytes, %d rounds, %d blocks, "
               "SM clock %.0f MHz (nominal)\n",
@@ -433,6 +438,10 @@ int main(int argc, char** argv) {
   int failed = 0;
   for (const Case& cs : cases) {
     if (!asked_for(cs.name, argc, argv, 2)) continue;
+    if (WARPS % cs.warps_a_stage != 0) {
+      std::printf("%-32s skipped: %d warps a stage do not divide %d consumer warps\n", cs.name, cs.warps_a_stage, WARPS);
+      continue;
+    }
     CHECK(cudaFuncSetAttribute(cs.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CHECK(cudaMemset(d_y, 0xff, size_t(sms) * TILE * 4));  // poisoned: NaN until written
     cs.kernel<<<sms, KT_BLOCK_THREADS, smem>>>(d_stages, d_x, 1, d_y, d_times);  // warm-up, and the checked run
