@@ -53,10 +53,13 @@
 // spec's bf16 dequant in double). A launch is timed by globaltimer from the
 // first block's start to the last block past the final barrier.
 //
-// Measured in RESULTS, runs 307 (H200), 308-309 and 314-315 (H100).
+// Measured in RESULTS, runs 307 (H200), 308-309 and 314-315 (H100). At 12
+// consumer warps (the build step_shape_t384, KT_THREADS=384; run 324, H100)
+// every shape was 0.6-3 us slower than at 8, though those warps eat resident
+// stages 7% faster (consumer_rate): the loader bounds a step on the H100.
 //
 // Build (the megakernel's full-size defines, no GPU needed): CMake builds
-// it as build/step_shape, or
+// it as build/step_shape (and build/step_shape_t384), or
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
 //     $(scripts/megakernel_defines.sh) -o /tmp/step_shape kernels/kimi/cuda/dev/step_shape.cu
 // Run on the device machine: step_shape [launches] [case name prefixes...]
