@@ -98,11 +98,23 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   // A bulk-fed ring is a multiple of the consumer warp groups deep (8 / n
   // warps a group at feed_chunks n): 12 warps in 3 groups, or 8 warps a
   // stage each in 8.
-  CHECK(why_not({{"threads", 384}, {"stages", 8}}).find("multiple of the consumer warp groups") != std::string::npos);
-  CHECK(why_not({{"feed_chunks", 8}}).find("multiple of the consumer warp groups") != std::string::npos);
+  CHECK(why_not({{"threads", 384}, {"stages", 8}}).find("multiple of the warp groups") != std::string::npos);
+  CHECK(why_not({{"feed_chunks", 8}}).find("multiple of the warp groups") != std::string::npos);
   CHECK(why_not({{"feed_chunks", 8}, {"stages", 16}}).empty());
   CHECK(why_not({{"feed_chunks", 4}}).empty());
   CHECK(why_not({{"threads", 384}, {"stages", 8}, {"feed", "cp_async"}}).empty());
+  // The light warps are groups too (3 with the consumers' 2 at feed_chunks
+  // 2, 12 at 8), and come only with the loader at 8 consumer warps and one
+  // block an SM (a 512-thread block's registers), whole groups of them.
+  CHECK(why_not({{"light_warps", 4}}).empty());
+  CHECK(why_not({{"light_warps", 4}, {"feed_chunks", 4}}).empty());
+  CHECK(why_not({{"light_warps", 4}, {"feed_chunks", 8}}).empty());
+  CHECK(why_not({{"light_warps", 4}, {"stages", 16}}).find("multiple of the warp groups") != std::string::npos);
+  CHECK(why_not({{"light_warps", 4}, {"feed_chunks", 1}}).find("light_warps") != std::string::npos);
+  CHECK(why_not({{"light_warps", 4}, {"threads", 128}, {"stages", 6}}).find("light_warps") != std::string::npos);
+  CHECK(why_not({{"light_warps", 4}, {"feed", "next"}}).find("light_warps") != std::string::npos);
+  CHECK(why_not({{"light_warps", 4}, {"blocks_per_sm", 2}, {"attn_rows", 16}, {"stages", 6}}).find("light_warps") !=
+        std::string::npos);
   // The warps must form whole groups: 4 warps cannot share a stage 8 ways
   // (this divided by zero groups and crashed a GPU session, 2026-12-04),
   // nor 12 warps (the kernel's static_assert); 16 warps make 2 groups.

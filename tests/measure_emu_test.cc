@@ -303,6 +303,24 @@ TEST_CASE("emulated CUDA megakernel with 4 or 8 chunks a consumer warp reproduce
   setenv("KTUNE_EMU_SMS", "3", 1);
 }
 
+TEST_CASE("emulated CUDA megakernel with a light warpgroup eating stages reproduces golden kimi-top8") {
+  // light_warps 4: a warpgroup that only eats GEMV stages, posted each item
+  // by the consumers (light_go) and read back from its red rows
+  // (light_done). On 3 SMs (many items a block and phase, the attention
+  // borrowing the ring between them): 3 groups of 4 warps over the 12-deep
+  // ring, and 6 groups of 2 (feed_chunks 4); on 32 SMs in reverse fiber
+  // order (the light warps reach their waits first, and items of 1-2 stages
+  // leave the light group nothing to eat), with k-split sums by atomics.
+  setenv("KTUNE_EMU_SMS", "3", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"light_warps", 4}});
+  golden_through_emu("kimi-top8.safetensors", {{"light_warps", 4}, {"feed_chunks", 4}});
+  setenv("KTUNE_EMU_SMS", "32", 1);
+  setenv("KTUNE_EMU_ORDER", "reverse", 1);
+  golden_through_emu("kimi-top8.safetensors", {{"light_warps", 4}, {"reduce", "atomic"}});
+  unsetenv("KTUNE_EMU_ORDER");
+  setenv("KTUNE_EMU_SMS", "3", 1);
+}
+
 TEST_CASE("emulated CUDA megakernel with the loader's copies in flight capped reproduces golden kimi-top8") {
   // inflight n: the loader waits for its n-th last copy to land before the
   // next; on 3 SMs with the 12-deep ring (across the M layer's attention,

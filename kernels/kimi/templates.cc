@@ -73,6 +73,10 @@ KnobSpace cuda_mega_space() {
        "with stages fed by bulk copies (a feed other than cp_async): the 16-row chunks of a stage (8 in all) each "
        "consumer warp computes, so 8 / n warps share a stage and the groups of them take the stages in turn "
        "(more chunks a warp: more stages in progress at once and a stage's scales read by fewer warps)"},
+      {"light_warps", "KT_LIGHT_WARPS", {0, 4}, 0,
+       "with the loader: 0, or a light warpgroup of 4 warps beside the 8 consumer warps that only eats GEMV "
+       "stages (a third group of 4 warps taking an item's stages in turn, at 88 registers; the consumers keep 176 "
+       "and run everything else), so 12 warps eat the stages where 12 consumer warps would spill"},
       {"inflight", "KT_INFLIGHT", {0, 4, 6, 8}, 0,
        "with the loader warp: at most n of a block's stage copies in flight (the loader waits for the n-th last "
        "to land before it issues the next), so that the weight stream queues less in front of the loads that "
@@ -291,12 +295,21 @@ KnobSpace cuda_mega_space() {
                "of 8 / feed_chunks warps";
         return false;
       }
-      const int groups = warps / per_stage;
+      const int light = p["light_warps"].get<int>();
+      const int groups = (warps + light) / per_stage;
       if (p["stages"].get<int>() % groups != 0) {
-        *why = "with feed bulk, next, stream or loader, stages must be a multiple of the consumer warp groups "
-               "(threads / 32 / (8 / feed_chunks))";
+        *why = "with feed bulk, next, stream or loader, stages must be a multiple of the warp groups that eat "
+               "the stages ((threads / 32 + light_warps) / (8 / feed_chunks))";
         return false;
       }
+    }
+    // The light warpgroup's registers come from a 512-thread block's 128 a
+    // thread (megakernel.cu, kLightRegs), and its 4 warps form whole groups.
+    if (p["light_warps"].get<int>() > 0 &&
+        (p["feed"].get<std::string>() != "loader" || p["threads"].get<int>() != 256 ||
+         p["blocks_per_sm"].get<int>() != 1 || p["feed_chunks"].get<int>() < 2)) {
+      *why = "light_warps 4 needs feed loader, threads 256, blocks_per_sm 1 and feed_chunks 2 or more";
+      return false;
     }
     // The loader warp walks the blocks' items as the static schedule deals
     // them, and its warpgroup never joins cooperative groups' grid sync

@@ -132,8 +132,14 @@
 // every stage of the block's GEMV items of the whole step, across the grid
 // barriers, which it never joins: loader_main, consume_stages).
 #include "kernels/kimi/cuda/abi.h"
-// Threads per block: KT_THREADS, and the loader warpgroup with KT_FEED 4.
-#define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0))
+// KT_LIGHT_WARPS 4 (with KT_FEED 4): a light warpgroup whose warps only
+// eat GEMV stages beside the consumers (light_main).
+#ifndef KT_LIGHT_WARPS
+#define KT_LIGHT_WARPS 0
+#endif
+// Threads per block: KT_THREADS, the loader warpgroup with KT_FEED 4, and
+// the light warpgroup with KT_LIGHT_WARPS.
+#define KT_BLOCK_THREADS (KT_THREADS + (KT_FEED == 4 ? 128 : 0) + (KT_LIGHT_WARPS ? 128 : 0))
 #if KT_FEED == 4
 // The loader warpgroup (threads KT_THREADS .. KT_THREADS + 127: the loader
 // warp and three that only lend their registers) never joins the block's
@@ -437,8 +443,20 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 #define KT_LOADER_REGS 72
 #endif
 constexpr int kLoaderRegs = KT_LOADER_REGS;
+// KT_LIGHT_WARPS: the light warpgroup keeps kLightRegs and lends the rest
+// to the consumers too. At 512 threads the launch gives 128 a thread; 72
+// for the loader warpgroup and 88 for the light one leave the consumers 176
+// (216 without the light warps). ptxas's spills, the kernel's: 116 / 336 B
+// at 88, 180 / 452 at 104 (consumers 168), 144 / 336 at 72 (consumers
+// 184: the light loop spills). Studies: KT_LIGHT_REGS n sets it.
+#ifndef KT_LIGHT_REGS
+#define KT_LIGHT_REGS 88
+#endif
+constexpr int kLightWarps = KT_LIGHT_WARPS, kLightRegs = KT_LIGHT_REGS;
+static_assert(kLightWarps == 0 || (kLightWarps == 4 && KT_FEED == 4), "light warps: a warpgroup, with the loader");
 constexpr int kLaunchAlloc = kLaunchRegs / 8 * 8;
-constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + 128 * (kLaunchAlloc - kLoaderRegs) / THREADS / 8 * 8);
+constexpr int kLentRegs = 128 * (kLaunchAlloc - kLoaderRegs) + (kLightWarps ? 128 * (kLaunchAlloc - kLightRegs) : 0);
+constexpr int kConsumerRegs = cmin(256, kLaunchAlloc + kLentRegs / THREADS / 8 * 8);
 static_assert(KT_FEED != 4 || (kConsumerRegs >= kLaunchAlloc && kLaunchAlloc > kLoaderRegs), "loader registers");
 constexpr int kRegBudget = KT_FEED == 4 ? cmin(255, kConsumerRegs) : kLaunchRegs;
 constexpr int AM_HP = HG > 16 && 2 * AM_DW + 64 < kRegBudget ? 32 : 16;
@@ -462,7 +480,7 @@ constexpr int kPipeBytes = cmax(cmax(int(sizeof(Stage)) * (KT_STAGES > 0 ? STAGE
 struct alignas(128) Smem {
   uint32_t xs_hi[KMAX / 2];  // the GEMV input as packed bf16 pairs (k even in the low half)
   uint32_t xs_lo[KMAX / 2];  // the rest of an fp32 input (x - hi), zero for bf16 inputs
-  float red[WARPS][TILE];
+  float red[WARPS + kLightWarps][TILE];  // each warp's sums of a GEMV item (the light warps' after the consumers')
   float ytile[TILE];
   float bsum[WARPS];
   int flag;
@@ -483,6 +501,14 @@ struct alignas(128) Smem {
   // block has selected (the routed tiles' weights), M layers whose attention
   // is done with the ring's memory.
   unsigned routed_layers, attentions;
+#if KT_LIGHT_WARPS
+  // The consumers' current GEMV item for the light warps (light_main): its
+  // first stage in the block's count, first group and stages (n < 0: the
+  // launch is over); posted on light_go, eaten when light_done completes.
+  uint64_t light_go, light_done;
+  unsigned light_eaten;
+  int light_g0, light_n;
+#endif
 #if KT_HOLD_ON
   unsigned gemv_started;  // run_gemv_phase calls the consumers have begun (KT_HOLD's signal to the loader)
 #if KT_HOLD_SCOPE == 1
@@ -543,6 +569,9 @@ struct Ctx {
   unsigned eaten = 0;  // KT_FEED > 0: stages the block has passed (every thread counts)
   unsigned att_tiles = 0;  // KT_ATTN_FEED 1: attention tiles of this launch so far (the spare warps' issued, the block's eaten)
   int pre = 0;         // KT_FEED > 0: stages of the block's next GEMV item already issued
+#if KT_LIGHT_WARPS
+  unsigned light_items = 0;  // GEMV items posted to the light warps (light_done's phases)
+#endif
   // KT_FEED 2, 3: the block's GEMV item after the current one, when known
   // (name_next): its stages' count, first group, groups per segment (its
   // segments' first stages are in c.sm->next_base: an array here would put
@@ -1450,11 +1479,15 @@ constexpr int FEED_Q = KT_FEED_Q;
 constexpr int FEED_WPG = STAGE_CHUNKS / FEED_Q;  // warps that share a stage
 constexpr int FEED_GROUPS = WARPS / FEED_WPG;
 static_assert(WARPS % FEED_WPG == 0 && STAGE_CHUNKS % FEED_WPG == 0, "feed: whole warp groups");
+// The groups that take an item's stages in turn: the consumers', then the
+// light warps' (KT_LIGHT_WARPS), which come last.
+constexpr int EAT_GROUPS = FEED_GROUPS + kLightWarps / FEED_WPG;
+static_assert(kLightWarps % FEED_WPG == 0, "light warps: whole warp groups (feed_chunks 2 or more)");
 // A warp waits for stage k on its slot's full mbarrier by parity, which
 // passes as well while the slot's fill before (stage k - STAGES) is still in
 // flight; that fill was this warp's own, so landed, only if the groups
 // divide the ring (the knobs' constraint says so).
-static_assert(STAGES % FEED_GROUPS == 0, "feed: the ring's depth a multiple of the warp groups");
+static_assert(STAGES % EAT_GROUPS == 0, "feed: the ring's depth a multiple of the warp groups");
 // KT_FEED > 0: thread 0 copies the block's next stage (segment sg's group
 // `group`, repacked) into the ring's next slot in one bulk copy, once every
 // warp has released what the slot held (its empty mbarrier's last phase).
@@ -1681,14 +1714,16 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // out-of-line copy for every GEMV phase: inlined, each phase type had its
 // own and ncu found 14% of the warps' stall samples waiting for
 // instructions (run 126).
-__device__ __noinline__ void consume_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const int group = warp / FEED_WPG, first_chunk = (warp % FEED_WPG) * FEED_Q;
+// The loop for eating warp `eater` (the consumers' warps 0 .. WARPS - 1,
+// the light warps after them), of warp group eater / FEED_WPG.
+KT_DEV void eat_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row, int eater) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  const int group = eater / FEED_WPG, first_chunk = (eater % FEED_WPG) * FEED_Q;
   const Stage* stages = reinterpret_cast<const Stage*>(sm->pipe);
   float acc[16], mma_acc[8][4], out[16];
 #pragma unroll
   for (int j = 0; j < 8; ++j) mma_acc[j][0] = mma_acc[j][1] = mma_acc[j][2] = mma_acc[j][3] = 0;
-  for (int s = group; s < n; s += FEED_GROUPS) {
+  for (int s = group; s < n; s += EAT_GROUPS) {
     const unsigned k = eaten + unsigned(s), slot = k % STAGES, parity = (k / STAGES) & 1;
     kt_mbar_wait(&sm->full[slot], parity);
     compute_feed_stage(stages[slot], lane, first_chunk, bias, sm->xs_hi, sm->xs_lo, (g0 + s) * STAGE_CHUNKS, mma_acc);
@@ -1700,6 +1735,57 @@ __device__ __noinline__ void consume_stages(Smem* sm, unsigned eaten, int g0, in
 #pragma unroll
     for (int b = 0; b < 16; ++b) red_row[16 * g + b] = out[b];
   }
+}
+__device__ __noinline__ void consume_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
+  eat_stages(sm, eaten, g0, n, bias, red_row, int(threadIdx.x >> 5));
+}
+
+#if KT_LIGHT_WARPS
+// KT_LIGHT_WARPS 4: the light warpgroup (threads KT_THREADS + 128 ..) eats
+// the last groups' stages of every GEMV item the consumers post, so 12
+// warps eat an item's stages while only the consumers' 8 carry the rest of
+// the step's code. 12 warps at 144 registers each spilled at every phase's
+// start (RESULTS, run 324); these keep kLightRegs and run only this loop,
+// inlined here (an out-of-line callee is not held to the caller's
+// setmaxnreg count: run 246). Each item: wait on light_go, eat, leave each
+// warp's sums in its red row after the consumers', arrive on light_done.
+KT_DEV void light_main(Smem* sm) {
+  const int lw = int(threadIdx.x >> 5) - WARPS - 4;  // 0 .. 3: its red row and eating warp are WARPS + lw
+  for (unsigned k = 0;; ++k) {
+    kt_mbar_wait(&sm->light_go, k & 1);
+    const int n = sm->light_n;
+    if (n < 0) return;
+    eat_stages(sm, sm->light_eaten, sm->light_g0, n, g_bias_pair, sm->red[WARPS + lw], WARPS + lw);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) kt_mbar_arrive(&sm->light_done);
+  }
+}
+#endif
+// The consumers' side: thread 0 posts an item (n stages from group g0; n <
+// 0 ends the light warps), after the block barrier that made its staged
+// input whole, so light_go's release carries it.
+KT_DEV void post_light(Ctx& c, int g0, int n) {
+#if KT_LIGHT_WARPS
+  if (c.tid == 0) {
+    c.sm->light_eaten = c.eaten;
+    c.sm->light_g0 = g0;
+    c.sm->light_n = n;
+    kt_mbar_arrive(&c.sm->light_go);
+  }
+#else
+  (void)c;
+  (void)g0;
+  (void)n;
+#endif
+}
+// Before the consumers read the item's red rows: the light warps' are in.
+KT_DEV void wait_light(Ctx& c) {
+#if KT_LIGHT_WARPS
+  if (c.tid < TILE) kt_mbar_wait(&c.sm->light_done, c.light_items & 1);
+  ++c.light_items;
+#else
+  (void)c;
+#endif
 }
 #endif
 
@@ -1794,6 +1880,7 @@ KT_DEV void item_sums(Ctx& c, P& p, int tile, int kc0, int kc1) {
   (void)mma_acc;
   (void)out;
   p.stage(c, tile, kc0, kc1);
+  post_light(c, kc0 / STAGE_CHUNKS, (kc1 - kc0) / STAGE_CHUNKS);
   consume_stages(c.sm, c.eaten, kc0 / STAGE_CHUNKS, (kc1 - kc0) / STAGE_CHUNKS, g_bias_pair, c.sm->red[c.warp]);
   c.eaten += unsigned((kc1 - kc0) / STAGE_CHUNKS);
   return;
@@ -1876,9 +1963,12 @@ KT_DEV void gemv_item(Ctx& c, P& p, const Item& item) {
   // round trip overlaps the k-split hand-off instead of following it.
   const typename P::Operands ops = p.operands(c, tile);
   kt_block_sync();
+#if KT_FEED == 4
+  wait_light(c);
+#endif
   float y = 0;
   if (c.tid < TILE)
-    for (int w = 0; w < WARPS; ++w) y += c.sm->red[w][c.tid];
+    for (int w = 0; w < WARPS + kLightWarps; ++w) y += c.sm->red[w][c.tid];
   if (float* sums = p.tile_sums(c, tile)) {
     // KT_REDUCE 1, KT_MOE_REDUCE 1: the next phase's staging reads the sums
     // (stage_carried, DownPhase::stage); the grid barrier before it
@@ -3978,6 +4068,10 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
       kt_mbar_init(&c.sm->full[i], 1);  // thread 0's arrival with the copy's bytes
       kt_mbar_init(&c.sm->empty[i], FEED_WPG);  // the warps of the group that takes the stage
     }
+#if KT_LIGHT_WARPS
+    kt_mbar_init(&c.sm->light_go, 1);  // thread 0's post
+    kt_mbar_init(&c.sm->light_done, kLightWarps);  // each light warp's, when its sums are in
+#endif
 #if KT_ATTN_SPARE
     for (int i = 0; i < AM_STAGES; ++i) {
       kt_mbar_init(&c.sm->att_full[i], kSpareThreads);  // each spare thread's, when its copies have landed
@@ -4008,6 +4102,13 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   // The loader warpgroup keeps kLoaderRegs registers a thread and lends the
   // rest to the consumers (setmaxnreg); one of its warps is the loader.
   if (c.tid >= THREADS) {
+#if KT_LIGHT_WARPS
+    if (c.tid >= THREADS + 128) {
+      kt_setmaxnreg_dec<kLightRegs>();
+      light_main(c.sm);
+      return;
+    }
+#endif
     kt_setmaxnreg_dec<kLoaderRegs>();
     if (c.warp == WARPS) loader_main(c);
 #if KT_ATTN_SPARE
@@ -4104,6 +4205,9 @@ extern "C" __global__ void __launch_bounds__(KT_BLOCK_THREADS, KT_BLOCKS_PER_SM)
   stamp(c, KT_LAYERS, 8);
   // The last block out resets the launch's counters for the next one.
   kt_block_sync();
+#if KT_FEED == 4
+  post_light(c, 0, -1);  // the light warps' last item is eaten: they leave
+#endif
   if (c.tid == 0 && atomicAdd(&c.s->bar.exits, 1u) == gridDim.x - 1) {
     for (int l = 0; l < KT_LAYERS; ++l) atomicExch(&c.s->router_done[l], 0u);
 #if KT_LOGITS == 1
