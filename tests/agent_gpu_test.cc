@@ -83,6 +83,8 @@ TEST_SUITE("gpu") {
          {Case{"kimi-mega-cuda", {{"threads", 128}}},
           Case{"kimi-mega-cuda", {{"dequant", "fma"}, {"stages", 0}, {"feed", "cp_async"}, {"barrier", "counter"}}},
           Case{"kimi-mega-cuda", {{"barrier", "coop"}, {"threads", 512}, {"stages", 2}, {"feed", "cp_async"}}},
+          // The light warpgroup: 512 threads, registers lent by two warpgroups (setmaxnreg).
+          Case{"kimi-mega-cuda", {{"light_warps", 4}}},
           Case{"kimi-base-cuda", json::object()}}) {
       std::string cubin = build_cuda(g.weights.cfg, c.tmpl, c.knobs);
       auto be = measure::make_backend("cuda", g.weights.cfg, &err);
