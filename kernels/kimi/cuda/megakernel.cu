@@ -1710,12 +1710,9 @@ KT_DEV void gemv_finish(float (&acc)[16], float (&mma_acc)[8][4], float (&out)[1
 // KT_FEED 4: the consumers' loop over an item's n stages, which the loader
 // warp streams into the ring (the block's stages eaten so far: `eaten`),
 // leaving the warp's sums in red_row (lanes t == 0, columns 16 g ..).
-// Warps take the stages in groups as gemv_staged's bulk feed does. One
-// out-of-line copy for every GEMV phase: inlined, each phase type had its
-// own and ncu found 14% of the warps' stall samples waiting for
-// instructions (run 126).
-// The loop for eating warp `eater` (the consumers' warps 0 .. WARPS - 1,
-// the light warps after them), of warp group eater / FEED_WPG.
+// Warps take the stages in groups as gemv_staged's bulk feed does;
+// eat_stages is the loop for eating warp `eater` (the consumers' warps 0 ..
+// WARPS - 1, the light warps after them), of warp group eater / FEED_WPG.
 KT_DEV void eat_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row, int eater) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const int group = eater / FEED_WPG, first_chunk = (eater % FEED_WPG) * FEED_Q;
@@ -1736,6 +1733,9 @@ KT_DEV void eat_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, f
     for (int b = 0; b < 16; ++b) red_row[16 * g + b] = out[b];
   }
 }
+// The consumers' copy: one out-of-line copy for every GEMV phase (inlined,
+// each phase type had its own and ncu found 14% of the warps' stall
+// samples waiting for instructions: run 126).
 __device__ __noinline__ void consume_stages(Smem* sm, unsigned eaten, int g0, int n, uint32_t bias, float* red_row) {
   eat_stages(sm, eaten, g0, n, bias, red_row, int(threadIdx.x >> 5));
 }
