@@ -115,6 +115,15 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   CHECK(why_not({{"light_warps", 4}, {"feed", "next"}}).find("light_warps") != std::string::npos);
   CHECK(why_not({{"light_warps", 4}, {"blocks_per_sm", 2}, {"attn_rows", 16}, {"stages", 6}}).find("light_warps") !=
         std::string::npos);
+  // The loader warpgroup keeps fewer registers than the launch gives a
+  // thread: 168 at one block an SM, 80 with two 384-thread blocks.
+  CHECK(why_not({{"loader_regs", 88}}).empty());
+  CHECK(why_not({{"loader_regs", 88}, {"light_warps", 4}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"attn_rows", 16}, {"stages", 6}}).empty());
+  CHECK(why_not({{"loader_regs", 88}, {"blocks_per_sm", 2}, {"attn_rows", 16}, {"stages", 6}}).find("loader_regs") !=
+        std::string::npos);
+  CHECK(why_not({{"loader_regs", 88}, {"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}, {"stages", 6}})
+            .empty());
   // The warps must form whole groups: 4 warps cannot share a stage 8 ways
   // (this divided by zero groups and crashed a GPU session, 2026-12-04),
   // nor 12 warps (the kernel's static_assert); 16 warps make 2 groups.

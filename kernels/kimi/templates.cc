@@ -1,6 +1,8 @@
 #include "kernels/kimi/templates.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace ktune::kimi {
 
@@ -77,6 +79,10 @@ KnobSpace cuda_mega_space() {
        "with the loader: 0, or a light warpgroup of 4 warps beside the 8 consumer warps that only eats GEMV "
        "stages (a third group of 4 warps taking an item's stages in turn, at 88 registers; the consumers keep 176 "
        "and run everything else), so 12 warps eat the stages where 12 consumer warps would spill"},
+      {"loader_regs", "KT_LOADER_REGS", {72, 88}, 72,
+       "with the loader: the registers a thread its warpgroup keeps (setmaxnreg), the rest lent to the consumer "
+       "warps (216 or 208 at threads 256). ptxas spills less at 88 (nvcc 13.0: 8 / 116 bytes stored / loaded "
+       "against 48 / 132 at 72): the loader's own routing and planning code fits, the consumers' barely changes"},
       {"inflight", "KT_INFLIGHT", {0, 4, 6, 8}, 0,
        "with the loader warp: at most n of a block's stage copies in flight (the loader waits for the n-th last "
        "to land before it issues the next), so that the weight stream queues less in front of the loads that "
@@ -203,7 +209,7 @@ KnobSpace cuda_mega_space() {
   when("gather", [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
   for (const char* k : {"feed_chunks", "repack_order"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() != "cp_async"; });
-  for (const char* k : {"launch_prefetch", "predict", "inflight"})
+  for (const char* k : {"launch_prefetch", "predict", "inflight", "loader_regs"})
     when(k, [](const json& p) { return p["feed"].get<std::string>() == "loader"; });
   // A prediction runs only under the loader (megakernel.cu's KT_PREDICTED);
   // the knobs below and the constraint's checks all ask it this one way.
@@ -310,6 +316,19 @@ KnobSpace cuda_mega_space() {
          p["blocks_per_sm"].get<int>() != 1 || p["feed_chunks"].get<int>() < 2)) {
       *why = "light_warps 4 needs feed loader, threads 256, blocks_per_sm 1 and feed_chunks 2 or more";
       return false;
+    }
+    // The loader warpgroup gives registers back from the launch's share a
+    // thread (megakernel.cu, kLaunchAlloc: an SM's 64K over the busiest
+    // scheduler's warps, rounded down to 8), so it must keep fewer than that.
+    if (p["feed"].get<std::string>() == "loader") {
+      const int block_threads = p["threads"].get<int>() + 128 + 128 * (p["light_warps"].get<int>() > 0);
+      const int sched_warps = (block_threads / 32 + 3) / 4 * p["blocks_per_sm"].get<int>();
+      const int launch_alloc = std::min(255, 16384 / (sched_warps * 32)) / 8 * 8;
+      if (p["loader_regs"].get<int>() >= launch_alloc) {
+        *why = "loader_regs must be below the launch's registers a thread (" + std::to_string(launch_alloc) +
+               " here: fewer threads a block or blocks an SM give more)";
+        return false;
+      }
     }
     // The loader warp walks the blocks' items as the static schedule deals
     // them, and its warpgroup never joins cooperative groups' grid sync

@@ -437,8 +437,10 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 // 64 since the loader ranks the router's logits (loader_route): at 40 that
 // code spilled and took ~3 us a layer (run 146). 72 since it also plans the
 // down phase early (load_moe): ptxas's spills fell, and the consumers keep 216.
-// Studies only: KT_LOADER_REGS n sets it (scripts/ptxas_check.sh
-// KT_THREADS=384 KT_LOADER_REGS=40: what 12 consumer warps would get).
+// Knob loader_regs: 72 or 88 (ptxas, nvcc 13.0: 48 / 132 B of spills at 72,
+// 8 / 116 at 88, the consumers at 208); studies set other values
+// (scripts/ptxas_check.sh KT_THREADS=384 KT_LOADER_REGS=40: what 12 consumer
+// warps would get).
 #ifndef KT_LOADER_REGS
 #define KT_LOADER_REGS 72
 #endif
