@@ -438,19 +438,24 @@ constexpr int kLaunchRegs = 16384 / (kSchedWarps * 32) < 255 ? 16384 / (kSchedWa
 // code spilled and took ~3 us a layer (run 146). 72 since it also plans the
 // down phase early (load_moe): ptxas's spills fell, and the consumers keep 216.
 // Knob loader_regs: 72 or 88 (ptxas, nvcc 13.0: 48 / 132 B of spills at 72,
-// 8 / 116 at 88, the consumers at 208); studies set other values
+// 8 / 116 at 88, the consumers at 208; 88 was 1-3 us a step faster on the
+// H100, RESULTS runs 328-330: the spare warps' attention loop no longer
+// spills, the consumers' hot loop is unchanged); studies set other values
 // (scripts/ptxas_check.sh KT_THREADS=384 KT_LOADER_REGS=40: what 12 consumer
 // warps would get).
 #ifndef KT_LOADER_REGS
-#define KT_LOADER_REGS 72
+#define KT_LOADER_REGS 88
 #endif
 constexpr int kLoaderRegs = KT_LOADER_REGS;
 // KT_LIGHT_WARPS: the light warpgroup keeps kLightRegs and lends the rest
-// to the consumers too. At 512 threads the launch gives 128 a thread; 72
-// for the loader warpgroup and 88 for the light one leave the consumers 176
-// (216 without the light warps). ptxas's spills, the kernel's: 116 / 336 B
-// at 88, 180 / 452 at 104 (consumers 168), 144 / 336 at 72 (consumers
-// 184: the light loop spills). Studies: KT_LIGHT_REGS n sets it.
+// to the consumers too. At 512 threads the launch gives 128 a thread; 88
+// for the loader warpgroup (loader_regs) and 88 for the light one leave the
+// consumers 168 (176 at loader_regs 72). ptxas's spills, the kernel's, at
+// loader_regs 72: 116 / 336 B at 88, 180 / 452 at 104 (consumers 168),
+// 144 / 336 at 72 (consumers 184: the light loop spills); at loader_regs
+// 88: 156 / 436. The 512-thread launch's 128 registers cost ~100 B of the
+// loads with or without the light loop (RESULTS, run 328's prediction).
+// Studies: KT_LIGHT_REGS n sets it.
 #ifndef KT_LIGHT_REGS
 #define KT_LIGHT_REGS 88
 #endif
