@@ -88,7 +88,8 @@ TEST_CASE("the CUDA megakernel's knob space refuses settings that cannot launch 
   // a ring of at most 6 stages; at 8 the loader warpgroup keeps 72
   // registers), not at 12 or 16.
   CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}, {"stages", 6}}).empty());
-  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"attn_rows", 16}, {"stages", 4}, {"loader_regs", 72}}).empty());
+  CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 256}, {"attn_rows", 16}, {"stages", 4}, {"loader_regs", 72}})
+            .empty());
   CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 128}, {"attn_rows", 16}}).find("stages <= 6") != std::string::npos);
   CHECK(why_not({{"blocks_per_sm", 2}, {"threads", 384}, {"attn_rows", 16}, {"stages", 4}}).find("threads <= 256") !=
         std::string::npos);

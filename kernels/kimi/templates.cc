@@ -77,8 +77,9 @@ KnobSpace cuda_mega_space() {
        "(more chunks a warp: more stages in progress at once and a stage's scales read by fewer warps)"},
       {"light_warps", "KT_LIGHT_WARPS", {0, 4}, 0,
        "with the loader: 0, or a light warpgroup of 4 warps beside the 8 consumer warps that only eats GEMV "
-       "stages (a third group of 4 warps taking an item's stages in turn, at 88 registers; the consumers keep 168, or 176 at loader_regs 72, "
-       "and run everything else), so 12 warps eat the stages where 12 consumer warps would spill"},
+       "stages (a third group of 4 warps taking an item's stages in turn, at 88 registers; the consumers keep "
+       "168, or 176 at loader_regs 72, and run everything else), so 12 warps eat the stages where 12 consumer "
+       "warps would spill"},
       {"loader_regs", "KT_LOADER_REGS", {72, 88}, 88,
        "with the loader: the registers a thread its warpgroup keeps (setmaxnreg), the rest lent to the consumer "
        "warps (216 or 208 at threads 256). ptxas spills less at 88 (nvcc 13.0: 8 / 116 bytes stored / loaded "
