@@ -30,7 +30,9 @@
 //               of 7); with C copies of the vector, block b adds into copy
 //               b % C and every block reads all C (fewer reductions wait on
 //               each 32-byte sector, more to read)
-//   ref         the grid barrier alone (v1 includes one)
+//   ref         the grid barrier alone (v1 includes one); "ref n poll", the
+//               same with lane 0 of n warps polling its counter, their first
+//               polls spread (the megakernel's barrier_pollers)
 // and whether a cooperative launch (the megakernel's) takes clusters of 2.
 //
 // Each round starts at a grid barrier (a counter, as the megakernel's
@@ -102,14 +104,26 @@ __device__ void block_sync() {
 }
 
 // The counter grid barrier (kt_grid_arrive / kt_grid_wait's protocol),
-// among the hand-off's warps or whole blocks.
-template <bool handoff_only = false>
-__device__ void grid_sync(unsigned* bar, unsigned* target) {
+// among the hand-off's warps or whole blocks. With pollers > 1 ("ref n
+// poll"), lane 0 of that many warps polls the counter, warp w's first poll
+// w x 400 / n ns after warp 0's, and the first to see it reached writes the
+// target into *seen (shared memory, zeroed before the first round), where
+// the others look between their polls: the counter sampled n times as
+// often, to see whether one poller's round trips are what a barrier waits
+// for (RESULTS, run 332: they are not; the extra polls slow it).
+template <bool handoff_only = false, int pollers = 1>
+__device__ void grid_sync(unsigned* bar, unsigned* target, volatile unsigned* seen = nullptr) {
+  constexpr unsigned kWindowNs = 400;
   block_sync<handoff_only>();
-  if (threadIdx.x == 0) {
-    *target += gridDim.x;
-    kt_red_release_add(bar, 1u);
-    while (kt_ld_acquire(bar) < *target) __nanosleep(8);
+  *target += gridDim.x;  // every thread's copy: a poller may be any warp's lane 0
+  if (threadIdx.x == 0) kt_red_release_add(bar, 1u);
+  const unsigned warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0 && warp < unsigned(pollers)) {
+    const unsigned long long t0 = kt_globaltimer();
+    if (pollers > 1)
+      while (*seen < *target && kt_globaltimer() - t0 < warp * (kWindowNs / pollers)) __nanosleep(8);
+    while (!(pollers > 1 && *seen >= *target) && kt_ld_acquire(bar) < *target) __nanosleep(8);
+    if (pollers > 1) *seen = *target;
   }
   block_sync<handoff_only>();
 }
@@ -134,10 +148,12 @@ __device__ void background_load(const Args& a, int r) {
 __device__ __host__ float partial_of(int split, int n, int r) { return float(split + 1) * float(n + 1) + float(r); }
 __device__ __host__ float total_of(int S, int n, int r) { return float(S * (S + 1) / 2) * float(n + 1) + float(S * r); }
 
-template <int MODE>
+template <int MODE, int POLLERS = 1>
 __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
   extern __shared__ float dsm[];  // v2: the first block's [S][TILE] partials
   __shared__ int last;
+  __shared__ unsigned seen;  // ref: the pollers' last target seen reached
+  if (threadIdx.x == 0) seen = 0;  // read only after the first round's block barriers
   const int tid = threadIdx.x, S = a.S;
   // v5: every block adds into every tile; block t < tiles zeroes and checks tile t.
   const int tile = MODE == kWide ? int(blockIdx.x) : int(blockIdx.x) / S;
@@ -222,7 +238,7 @@ __global__ void __launch_bounds__(THREADS, 1) handoff(Args a) {
         finisher = true;
       }
     } else if (MODE == kBarrier) {
-      grid_sync<true>(a.bar, &target);
+      grid_sync<true, POLLERS>(a.bar, &target, &seen);
       finisher = active && split == 0;
       if (tid < TILE) total = total_of(S, tid, r);
     }
@@ -270,7 +286,7 @@ struct Result {
   bool launched = true;  // false: the (cooperative) launch was refused
 };
 
-template <int MODE>
+template <int MODE, int POLLERS = 1>
 Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1, bool cooperative = false) {
   const int tiles = MODE == kWide ? kWideTiles : blocks / S;  // v5: S is the grid, every block a split
   Args a{};
@@ -294,9 +310,9 @@ Result run(int S, int blocks, const uint4* bg = nullptr, int copies = 1, bool co
                     static_cast<void*>(a.bar), static_cast<void*>(a.ns), static_cast<void*>(a.wrong)})
       CHECK(cudaFree(p));
   };
-  CHECK(cudaFuncSetAttribute(handoff<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CHECK(cudaFuncSetAttribute(handoff<MODE, POLLERS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   Launch l(MODE == kWide ? blocks : tiles * S, MODE == kCluster ? S : 1, cooperative);
-  const cudaError_t launched = cudaLaunchKernelEx(&l.cfg, handoff<MODE>, a);
+  const cudaError_t launched = cudaLaunchKernelEx(&l.cfg, handoff<MODE, POLLERS>, a);
   if (launched != cudaSuccess && cooperative) {  // the question the caller asks: not fatal
     std::printf("  a cooperative launch of %d blocks in clusters of %d: refused (%s)\n", tiles * S, S,
                 cudaGetErrorString(launched));
@@ -355,9 +371,11 @@ int main() {
   }
   std::printf("\nthe hand-off of every tile at once:\n");
   {
-    const Result r = run<kBarrier>(1, sms);
+    const Result r = run<kBarrier>(1, sms), r2 = run<kBarrier, 2>(1, sms), r4 = run<kBarrier, 4>(1, sms);
     print("ref", 1, r);
-    wrong += r.wrong;
+    print("ref 2 poll", 1, r2);
+    print("ref 4 poll", 1, r4);
+    wrong += r.wrong + r2.wrong + r4.wrong;
   }
   for (int S : {2, 4, 7, 8}) {
     Result g = run<kGlobal>(S, sms), at = run<kAtomic>(S, sms), aa = run<kAtomicAll>(S, sms),
@@ -400,7 +418,11 @@ int main() {
   {
     const Result r = run<kBarrier>(1, sms, bg), g = run<kGlobal>(7, sms, bg), at = run<kAtomic>(7, sms, bg),
                  aa = run<kAtomicAll>(7, sms, bg), sa = run<kStoreAll>(7, sms, bg);
+    const Result r2 = run<kBarrier, 2>(1, sms, bg), r4 = run<kBarrier, 4>(1, sms, bg);
     print("ref", 1, r);
+    print("ref 2 poll", 1, r2);
+    print("ref 4 poll", 1, r4);
+    wrong += r2.wrong + r4.wrong;
     print("v0 global", 7, g);
     print("v1 atomic", 7, at);
     print("v3 read all", 7, aa);
