@@ -32,7 +32,8 @@
 //               each 32-byte sector, more to read)
 //   ref         the grid barrier alone (v1 includes one); "ref n poll", the
 //               same with lane 0 of n warps polling its counter, their first
-//               polls spread (the megakernel's barrier_pollers)
+//               polls spread (a megakernel knob, barrier_pollers, tried
+//               and dropped in run 332)
 // and whether a cooperative launch (the megakernel's) takes clusters of 2.
 //
 // Each round starts at a grid barrier (a counter, as the megakernel's
@@ -119,9 +120,10 @@ __device__ void grid_sync(unsigned* bar, unsigned* target, volatile unsigned* se
   if (threadIdx.x == 0) kt_red_release_add(bar, 1u);
   const unsigned warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0 && warp < unsigned(pollers)) {
-    const unsigned long long t0 = kt_globaltimer();
-    if (pollers > 1)
+    if (pollers > 1) {
+      const unsigned long long t0 = kt_globaltimer();
       while (*seen < *target && kt_globaltimer() - t0 < warp * (kWindowNs / pollers)) __nanosleep(8);
+    }
     while (!(pollers > 1 && *seen >= *target) && kt_ld_acquire(bar) < *target) __nanosleep(8);
     if (pollers > 1) *seen = *target;
   }
