@@ -70,8 +70,10 @@ bool Evaluator::validate(const std::vector<std::pair<int, int>>& cases, int max_
   m->launches = r.body.value("launches_per_step", -1);
   json files = r.body.value("files", json::array());
   for (size_t i = 0; i < cases.size(); ++i) {
+    const double wait_from = mono_seconds();
     measure::OracleCase ref = keep_oracle_ ? oracle_.get(cases[i].first, cases[i].second)
                                            : oracle_.take(cases[i].first, cases[i].second);
+    m->reference_wait_s += mono_seconds() - wait_from;
     measure::CaseCheck check;
     std::string err;
     if (i >= files.size() || !measure::check_case(w_.cfg, ref, files[i].get<std::string>(), gate_, &check, &err) ||

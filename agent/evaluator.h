@@ -35,6 +35,10 @@ struct Measurement {
   std::string outcome = "ok";  // see traces/events.h
   std::string error;
   double load_s = 0, validate_s = 0, time_s = 0;
+  // The part of validate_s spent waiting for the CPU reference's answers
+  // (computed ahead, in the background, by the OraclePool); the rest is the
+  // variant's own run and the comparison.
+  double reference_wait_s = 0;
   int launches = -1;           // counted per step (CUPTI on the GPU, the runtime on the host)
   int declared_launches = -1;
   std::vector<measure::CaseCheck> cases;

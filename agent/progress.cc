@@ -69,8 +69,15 @@ void Progress::summary(int64_t session, const std::string& status, const std::st
   for (auto& [k, v] : s["by_outcome"].items()) outcomes += " " + k + "=" + v.dump();
   std::printf("  attempts   %d (%s ) accepted %d, rolled back %d\n", s.value("attempts", 0), outcomes.c_str(),
               s.value("accepted", 0), s.value("rolled_back", 0));
+  // reference_wait is part of validate: shown beside it, not as a phase.
   std::string phases;
-  for (auto& [k, v] : s["phase_s"].items()) phases += " " + k + " " + duration_text(v.get<double>());
+  const json& ph = s["phase_s"];
+  for (auto& [k, v] : ph.items()) {
+    if (k == "reference_wait") continue;
+    phases += " " + k + " " + duration_text(v.get<double>());
+    if (k == "validate" && ph.contains("reference_wait"))
+      phases += " (waiting for the reference " + duration_text(ph["reference_wait"].get<double>()) + ")";
+  }
   std::printf("  wall time %s\n", phases.c_str());
   if (s.contains("designer") && !s["designer"].empty()) std::printf("  designer   %s\n", s["designer"].dump().c_str());
   std::fflush(stdout);

@@ -103,6 +103,7 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("session 1 completed") != std::string::npos);
   CHECK(r.out.find("best ") != std::string::npos);
+  CHECK(r.out.find("(waiting for the reference ") != std::string::npos);  // the summary's part of validate
   std::vector<AttemptRow> rows = attempts(db);
   int accepted = 0, rolled_back = 0;
   for (auto& a : rows) {
@@ -132,6 +133,24 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
     }
     for (auto& a : rows)
       if (a.decision == "accepted" && a.purpose == "candidate") CHECK_MESSAGE(retimed_in.count(a.seq), "attempt " << a.seq);
+  }
+
+  // Each validation says how much of it was spent waiting for the CPU
+  // reference: a part of it, never more.
+  {
+    traces::Store store;
+    std::string err;
+    REQUIRE(store.open(db, &err));
+    std::vector<traces::Event> validations;
+    REQUIRE_MESSAGE(store.events(1, &validations, &err, "validation"), err);
+    CHECK(validations.size() >= 10);
+    for (const traces::Event& e : validations) {
+      INFO("attempt " << e.attempt);
+      REQUIRE(e.data.contains("reference_wait_s"));
+      const double wait = e.data["reference_wait_s"].get<double>(), all = e.data.value("seconds", -1.0);
+      CHECK(wait >= 0);
+      CHECK(wait <= all);
+    }
   }
 
   // Each neighbour names the variant it was moved from as its parent: the
@@ -180,6 +199,7 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   Run rep = run_ktune({"replay", trace, "--svg", dir.path + "/s.svg"}, 60, dir.path);
   CHECK(rep.exit_code == 0);
   CHECK(rep.out.find("rolled_back") != std::string::npos);
+  CHECK(rep.out.find("of it, waiting for the reference") != std::string::npos);
   CHECK(file_exists(dir.path + "/s.svg"));
   // The re-exported copy carries the same events.
   const std::string trace2 = dir.path + "/s2.jsonl";

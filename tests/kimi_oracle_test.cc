@@ -133,3 +133,38 @@ TEST_CASE("bf16 rounding is round-to-nearest-even") {
   CHECK(double_to_bf16(1.0039062500001) == 0x3f81);
   CHECK(float_to_bf16(-2.5f) == 0xc020);
 }
+
+TEST_CASE("rounding a double to bf16 on its bits is frexp's rounding, everywhere (as bf16 and in double)") {
+  // Every bf16 exponent, both signs, fractions at and around the ties (the
+  // dropped bits 0, just under half, half, just over), and random bits.
+  std::vector<double> values = {0.0, -0.0, INFINITY, -INFINITY, NAN, 0x1p-126, 0x1p-127, 0x1.ffp127, 0x1.ff8p127,
+                                0x1.fffffffffffffp127, 0x1p128, 3.4028234663852886e38, 1e-300, -1e300};
+  uint64_t x = 12345;
+  for (int exp = -140; exp <= 129; ++exp)
+    for (uint64_t frac7 : {0ull, 1ull, 63ull, 64ull, 126ull, 127ull})
+      for (uint64_t low : {0ull, 1ull, (1ull << 44) - 1, 1ull << 44, (1ull << 44) + 1, (1ull << 45) - 1}) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        for (uint64_t tail : {low, x >> 19})
+          for (uint64_t sign : {0ull, 1ull}) {
+            uint64_t u = (sign << 63) | (uint64_t(exp + 1023) << 52) | (frac7 << 45) | (tail & ((1ull << 45) - 1));
+            double d;
+            std::memcpy(&d, &u, 8);
+            values.push_back(d);
+          }
+      }
+  int differ = 0, differ_in_double = 0;
+  for (double d : values) {
+    differ += double_to_bf16(d) != double_to_bf16_general(d);
+    const double want = bf16_to_float(double_to_bf16_general(d)), got = round_bf16(d);
+    uint64_t a, b;
+    std::memcpy(&a, &want, 8);
+    std::memcpy(&b, &got, 8);
+    differ_in_double += a != b;
+  }
+  CHECK(values.size() > 6000);
+  CHECK(differ == 0);
+  CHECK(differ_in_double == 0);
+  CHECK(double_to_bf16(0x1.ff8p127) == 0x7f80);  // rounds up past float's range: infinity
+  CHECK(double_to_bf16(0x1.01p0) == 0x3f80);     // exactly half an ulp above 1: ties to even, down
+  CHECK(double_to_bf16(0x1.03p0) == 0x3f82);     // half an ulp above 1+2^-7: ties to even, up
+}

@@ -198,6 +198,7 @@ TEST_CASE("replay tells the session's story and plots the best speedup") {
                            "time per phase",
                            "build",
                            "validate",
+                           "of it, waiting for the reference",
                            "1.25x",
                            "█",
                            "02:00",
@@ -217,6 +218,7 @@ TEST_CASE("replay tells the session's story and plots the best speedup") {
   CHECK(j["outcomes"]["ok"] == 3);
   CHECK(j["outcomes"]["wrong_answer"] == 1);
   CHECK(j["phase_s"]["build"] == 10.0);  // 2 + 2 + 2 + 2 + 2 over the attempts
+  CHECK(j["phase_s"]["reference_wait"] == 2.25);  // three attempts validated
   CHECK(j["phase_s"]["measure"] == 8.5);
   CHECK(j["probes"][0]["value"] == 1234.5);
   CHECK(j["baseline"]["score_us"] == 100.0);

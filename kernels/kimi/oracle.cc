@@ -1,6 +1,7 @@
 #include "kernels/kimi/oracle.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -20,38 +21,79 @@ float w4_weight(const QLinear& q, int k, int n) {
   return round_bf16f(diff * bf16_to_float(q.scales[sz]));
 }
 
-void w4_linear(const QLinear& q, const double* x, double* y) {
-  const int K = q.K, N = q.N, G = q.group;
-  auto columns = [&](size_t n0, size_t n1) {
-    std::vector<double> acc(n1 - n0, 0.0);
-    std::vector<float> lut((n1 - n0) * 16);
+namespace {
+
+// y[n] for the columns [n0, n1), kTile at a time: per group, the tile's
+// weights dequantized into floats (w4_weight's expression, so the same
+// values), then y[n] += x[k] w[k][n] + x[k+1] w[k+1][n] for each pair of
+// rows, in the order of k. Both loops run along the columns, so a compiler
+// can vectorize them; the sums are the same as one column at a time. Built
+// with AVX2 but without FMA where the CPU has it: x is not always bf16 (the
+// experts' down projection), so a fused multiply-add could round otherwise.
+constexpr int kW4Tile = 256, kW4Ahead = 16;
+[[gnu::always_inline]] inline void w4_columns_body(const QLinear& q, const double* x, size_t n0, size_t n1,
+                                                    double* y) {
+  const int K = q.K, G = q.group;
+  const size_t N = q.N;
+  std::vector<float> tile(size_t(G) * kW4Tile);
+  for (size_t c0 = n0; c0 < n1; c0 += kW4Tile) {
+    const int nc = int(std::min<size_t>(kW4Tile, n1 - c0));
+    double acc[kW4Tile] = {};
+    float s[kW4Tile], z[kW4Tile];
     for (int g = 0; g < K / G; ++g) {
-      // The 16 possible dequantized values of each column in this group.
-      for (size_t n = n0; n < n1; ++n) {
-        float s = bf16_to_float(q.scales[size_t(g) * N + n]);
-        float z = bf16_to_float(q.zeros[size_t(g) * N + n]);
-        for (int v = 0; v < 16; ++v) lut[(n - n0) * 16 + v] = round_bf16f((float(v) - z) * s);
+      for (int j = 0; j < nc; ++j) {
+        s[j] = bf16_to_float(q.scales[size_t(g) * N + c0 + j]);
+        z[j] = bf16_to_float(q.zeros[size_t(g) * N + c0 + j]);
       }
-      for (int k = g * G; k < (g + 1) * G; k += 2) {
-        const uint8_t* row = q.w_q + size_t(k / 2) * N;
-        double x0 = x[k], x1 = x[k + 1];
-        for (size_t n = n0; n < n1; ++n) {
-          const float* l = &lut[(n - n0) * 16];
-          acc[n - n0] += x0 * l[row[n] & 15] + x1 * l[row[n] >> 4];
+      for (int kk = 0; kk < G / 2; ++kk) {
+        const uint8_t* row = q.w_q + (size_t(g) * G / 2 + kk) * N + c0;
+        // Rows are N bytes apart: too far for the hardware's prefetchers.
+        __builtin_prefetch(row + kW4Ahead * N);
+        for (int j = 64; j < nc; j += 64) __builtin_prefetch(row + kW4Ahead * N + j);
+        float* lo = &tile[size_t(2 * kk) * kW4Tile];
+        float* hi = lo + kW4Tile;
+        for (int j = 0; j < nc; ++j) {
+          lo[j] = round_bf16f((float(row[j] & 15) - z[j]) * s[j]);
+          hi[j] = round_bf16f((float(row[j] >> 4) - z[j]) * s[j]);
         }
       }
+      for (int kk = 0; kk < G / 2; ++kk) {
+        const double x0 = x[g * G + 2 * kk], x1 = x[g * G + 2 * kk + 1];
+        const float* lo = &tile[size_t(2 * kk) * kW4Tile];
+        const float* hi = lo + kW4Tile;
+        for (int j = 0; j < nc; ++j) acc[j] += x0 * double(lo[j]) + x1 * double(hi[j]);
+      }
     }
-    std::copy(acc.begin(), acc.end(), y + n0);
-  };
-  if (size_t(K) * N < (1u << 20)) {
-    columns(0, N);
+    std::copy(acc, acc + nc, y + c0);
+  }
+}
+__attribute__((target("avx2"))) void w4_columns_avx2(const QLinear& q, const double* x, size_t n0, size_t n1,
+                                                      double* y) {
+  w4_columns_body(q, x, n0, n1, y);
+}
+void w4_columns(const QLinear& q, const double* x, size_t n0, size_t n1, double* y) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2)
+    w4_columns_avx2(q, x, n0, n1, y);
+  else
+    w4_columns_body(q, x, n0, n1, y);
+}
+
+}  // namespace
+
+void w4_linear(const QLinear& q, const double* x, double* y) {
+  const size_t N = q.N;
+  if (size_t(q.K) * N < (1u << 20)) {
+    w4_columns(q, x, 0, N, y);
   } else {
-    size_t chunks = std::min<size_t>(worker_count() * 4, size_t(N) / 16);
+    // Chunks of whole tiles where N allows: a row's bytes are read a tile
+    // at a time, each row on another page, so narrow chunks cost TLB misses.
+    size_t chunks = std::clamp<size_t>(N / kW4Tile, 1, worker_count() * 4);
     size_t step = (N / 16 + chunks - 1) / chunks * 16;
     parallel_for(chunks, [&](size_t b, size_t e) {
       for (size_t c = b; c < e; ++c) {
         size_t n0 = c * step, n1 = std::min<size_t>(N, n0 + step);
-        if (n0 < n1) columns(n0, n1);
+        if (n0 < n1) w4_columns(q, x, n0, n1, y);
       }
     });
   }
@@ -67,9 +109,30 @@ Vec from_bf16(const uint16_t* p, size_t n) {
   return v;
 }
 
-void round_all(Vec& v) {
-  for (double& x : v) x = round_bf16(x);
+// round_bf16 over n values: the bit rounding alone, vectorized, for the
+// values whose rounding it is; where one is not, round_bf16 over them all
+// (rounding a rounded value changes nothing).
+[[gnu::always_inline]] inline void round_span_body(double* v, size_t n) {
+  uint64_t not_normal = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t u = std::bit_cast<uint64_t>(v[i]), r = bf16_rounded_bits(u);
+    const uint64_t keep = !bf16_rounds_normal(u, r);
+    not_normal |= keep;
+    v[i] = std::bit_cast<double>(keep ? u : r);  // not normal: left as it was, for round_bf16
+  }
+  if (not_normal)
+    for (size_t i = 0; i < n; ++i) v[i] = round_bf16(v[i]);
 }
+__attribute__((target("avx2"))) void round_span_avx2(double* v, size_t n) { round_span_body(v, n); }
+void round_span(double* v, size_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2)
+    round_span_avx2(v, n);
+  else
+    round_span_body(v, n);
+}
+
+void round_all(Vec& v) { round_span(v.data(), v.size()); }
 
 std::vector<uint16_t> to_bf16(const Vec& v) {
   std::vector<uint16_t> out(v.size());
@@ -195,47 +258,83 @@ void rope(double* x, int n, int pos, double theta) {
 }
 
 // kvb[i][n] = sum over r = 0..R-1, in that order, of c[i][r] * w[r][n], for
-// kExpandRows rows i of c and the n_panels * 8 columns of w, stored in
+// up to kExpandRows rows i of c and the n_panels * 8 columns of w, stored in
 // panels of 8 columns: panel p holds w[r][8p..8p+7] for r = 0..R-1, one
 // after another (so each panel is read straight through, 16 KB at full
 // size, where rows of w 32 KB apart thrashed the caches' sets). Each product
 // of two bf16 values is exact in double, so a fused multiply-add rounds as
-// a multiply and an add would: the AVX2 + FMA build of this body gives the
-// same sums as the plain one. The sums stay in registers over r: kVecs
-// vectors of four columns for each row (GCC's vector extension), one pass
-// over a panel with AVX2 (8 registers), two passes of 4 with SSE2's 16.
-constexpr int kExpandRows = 4, kPanel = 8;
+// a multiply and an add would: every build of the tile below gives the same
+// sums, bit for bit, whatever its vector width.
+//
+// A tile keeps kRows x kVecs vectors of sums in registers over r (GCC's
+// vector extension); a vector never straddles two panels. With AVX-512, 8
+// rows x 16 columns (two panels; 16 of the 32 registers), twice the
+// multiply-adds per weight loaded of AVX2's 4 rows x 8 columns; SSE2 takes
+// 4 columns a pass with its 16 registers.
+constexpr int kExpandRows = 8, kPanel = 8;
 typedef double Double4 __attribute__((vector_size(32)));
-template <int kVecs>
-[[gnu::always_inline]] inline void expand_rows_body(const double* c, int R, const float* w, int n_panels, double* kvb) {
-  for (int p = 0; p < n_panels; ++p)
-    for (int col = 0; col < kPanel; col += 4 * kVecs) {
-      const float* wp = w + size_t(p) * R * kPanel + col;
-      Double4 acc[kExpandRows][kVecs] = {};
-      for (int r = 0; r < R; ++r) {
-        const float* wr = wp + size_t(r) * kPanel;
-        Double4 wv[kVecs];
-        for (int v = 0; v < kVecs; ++v) wv[v] = Double4{wr[4 * v], wr[4 * v + 1], wr[4 * v + 2], wr[4 * v + 3]};
-        for (int i = 0; i < kExpandRows; ++i) {
-          const double ci = c[size_t(i) * R + r];
-          for (int v = 0; v < kVecs; ++v) acc[i][v] += ci * wv[v];
-        }
-      }
-      for (int i = 0; i < kExpandRows; ++i)
-        for (int j = 0; j < 4 * kVecs; ++j)
-          kvb[size_t(i) * n_panels * kPanel + size_t(p) * kPanel + col + j] = acc[i][j / 4][j % 4];
+typedef double Double8 __attribute__((vector_size(64)));
+template <typename V, int kRows, int kVecs>
+[[gnu::always_inline]] inline void expand_tile(const double* c, int R, const float* w, int col0, double* kvb,
+                                               size_t stride) {
+  constexpr int L = sizeof(V) / sizeof(double);
+  const float* wcol[kVecs];
+  for (int v = 0; v < kVecs; ++v) {
+    const int col = col0 + v * L;
+    wcol[v] = w + size_t(col / kPanel) * R * kPanel + col % kPanel;
+  }
+  V acc[kRows][kVecs] = {};
+  for (int r = 0; r < R; ++r) {
+    V wv[kVecs];
+    for (int v = 0; v < kVecs; ++v)
+      for (int j = 0; j < L; ++j) wv[v][j] = wcol[v][size_t(r) * kPanel + j];
+    for (int i = 0; i < kRows; ++i) {
+      const double ci = c[size_t(i) * R + r];
+      for (int v = 0; v < kVecs; ++v) acc[i][v] += ci * wv[v];
     }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v)
+      for (int j = 0; j < L; ++j) kvb[size_t(i) * stride + col0 + v * L + j] = acc[i][v][j];
 }
-__attribute__((target("avx2,fma"))) void expand_rows_avx2(const double* c, int R, const float* w, int n_panels,
-                                                           double* kvb) {
-  expand_rows_body<2>(c, R, w, n_panels, kvb);
+// Rows in tiles of kRows (the last rows of a block, when fewer, in tiles of
+// 4), columns in tiles of kVecs vectors (the last in single vectors).
+template <typename V, int kRows, int kVecs>
+[[gnu::always_inline]] inline void expand_rows_body(const double* c, int n_rows, int R, const float* w, int n_panels,
+                                                    double* kvb) {
+  constexpr int L = sizeof(V) / sizeof(double);
+  const int cols = n_panels * kPanel;
+  const size_t stride = size_t(cols);
+  for (int i0 = 0; i0 < n_rows; i0 += kRows) {
+    const double* ci = c + size_t(i0) * R;
+    double* out = kvb + size_t(i0) * stride;
+    const bool full = kRows == 4 || n_rows - i0 > 4;
+    int col = 0;
+    for (; col + kVecs * L <= cols; col += kVecs * L)
+      full ? expand_tile<V, kRows, kVecs>(ci, R, w, col, out, stride) : expand_tile<V, 4, kVecs>(ci, R, w, col, out, stride);
+    for (; col < cols; col += L)
+      full ? expand_tile<V, kRows, 1>(ci, R, w, col, out, stride) : expand_tile<V, 4, 1>(ci, R, w, col, out, stride);
+  }
 }
-void expand_rows(const double* c, int R, const float* w, int n_panels, double* kvb) {
+__attribute__((target("avx512f"))) void expand_rows_avx512(const double* c, int n_rows, int R, const float* w,
+                                                            int n_panels, double* kvb) {
+  expand_rows_body<Double8, 8, 2>(c, n_rows, R, w, n_panels, kvb);
+}
+__attribute__((target("avx2,fma"))) void expand_rows_avx2(const double* c, int n_rows, int R, const float* w,
+                                                           int n_panels, double* kvb) {
+  expand_rows_body<Double4, 4, 2>(c, n_rows, R, w, n_panels, kvb);
+}
+// c holds kExpandRows rows (of R), of which the first n_rows are wanted;
+// kvb gets n_panels * 8 sums for each of them.
+void expand_rows(const double* c, int n_rows, int R, const float* w, int n_panels, double* kvb) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2)
-    expand_rows_avx2(c, R, w, n_panels, kvb);
+  if (avx512)
+    expand_rows_avx512(c, n_rows, R, w, n_panels, kvb);
+  else if (avx2)
+    expand_rows_avx2(c, n_rows, R, w, n_panels, kvb);
   else
-    expand_rows_body<1>(c, R, w, n_panels, kvb);
+    expand_rows_body<Double4, 4, 1>(c, n_rows, R, w, n_panels, kvb);
 }
 
 Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos, const Vec& xn, const Tracer& tr,
@@ -301,11 +400,11 @@ Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos,
           for (int i = 0; i < kExpandRows; ++i)  // rows past the chunk's end: zeros, not used
             for (int r = 0; r < R; ++r)
               ct[size_t(i) * R + r] = i < n_rows ? bf16_to_float(st.c_kv[(t0 + i) * R + r]) : 0.0;
-          expand_rows(ct.data(), R, &wkvb[size_t(h) * HDP * R], panels, kvb.data());
+          expand_rows(ct.data(), n_rows, R, &wkvb[size_t(h) * HDP * R], panels, kvb.data());
           for (int i = 0; i < n_rows; ++i) {
             const size_t t = t0 + i;
             double* kn = &kvb[size_t(i) * HDP];
-            for (int n = 0; n < HD; ++n) kn[n] = round_bf16(kn[n]);
+            round_span(kn, HD);
             double s = 0;
             for (int d = 0; d < NOPE; ++d) s += qn[d] * kn[d];
             for (int j = 0; j < ROPE; ++j) s += qn[NOPE + j] * bf16_to_float(st.k_rope[t * ROPE + j]);
