@@ -35,7 +35,10 @@ constexpr int kW4Tile = 256, kW4Ahead = 16;
                                                     double* y) {
   const int K = q.K, G = q.group;
   const size_t N = q.N;
-  std::vector<float> tile(size_t(G) * kW4Tile);
+  // One buffer a thread, kept: 128 KB at full size, where a fresh one per
+  // call is a fresh mapping (zeroed pages) for every small linear.
+  thread_local std::vector<float> tile;
+  tile.resize(std::max(tile.size(), size_t(G) * kW4Tile));
   for (size_t c0 = n0; c0 < n1; c0 += kW4Tile) {
     const int nc = int(std::min<size_t>(kW4Tile, n1 - c0));
     double acc[kW4Tile] = {};
