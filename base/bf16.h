@@ -43,8 +43,9 @@ inline uint64_t bf16_rounded_bits(uint64_t u) {
   constexpr int kDropped = 52 - 7;
   return (u + (uint64_t(1) << (kDropped - 1)) - 1 + ((u >> kDropped) & 1)) & ~((uint64_t(1) << kDropped) - 1);
 }
-// Whether that is bf16's rounding of u: |u| at least 2^-126 (the smallest
-// normal) and the result r still below 2^128. (Not for zero, NaN, infinity.)
+// Whether r is bf16's rounding of the double whose bits are u: its magnitude
+// at least 2^-126 (the smallest normal), and r still below 2^128. (Not for
+// zero, NaN or infinity: those take frexp's way.)
 inline bool bf16_rounds_normal(uint64_t u, uint64_t r) {
   return ((u >> 52) & 0x7ff) - (1023 - 126) <= 253 && ((r >> 52) & 0x7ff) <= 1023 + 127;
 }
@@ -59,16 +60,7 @@ inline uint16_t double_to_bf16(double d) {
   return float_to_bf16(float(rounded));  // exact: 8 significant bits, in float's range
 }
 
-// The same rounding, kept in double.
-inline double round_bf16(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, 8);
-  const uint64_t r = bf16_rounded_bits(u);
-  if (!bf16_rounds_normal(u, r)) return bf16_to_float(double_to_bf16_general(d));
-  double out;
-  std::memcpy(&out, &r, 8);
-  return out;
-}
+inline double round_bf16(double d) { return bf16_to_float(double_to_bf16(d)); }
 inline float round_bf16f(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 }  // namespace ktune
