@@ -11,22 +11,26 @@
 
 namespace ktune::kimi {
 
+namespace {
+// One dequantized weight from its 4-bit value and its group's zero and
+// scale: q - zero is a small integer (exact in bf16); the product is exact
+// in float and rounded once to bf16, as bf16 arithmetic would.
+inline float w4_dequant(int v, float zero, float scale) { return round_bf16f((float(v) - zero) * scale); }
+}  // namespace
+
 float w4_weight(const QLinear& q, int k, int n) {
   uint8_t byte = q.w_q[size_t(k / 2) * q.N + n];
   int v = (k & 1) ? byte >> 4 : byte & 15;
   size_t sz = size_t(k / q.group) * q.N + n;
-  // q - zero is a small integer (exact in bf16); the product is exact in
-  // float and rounded once to bf16, as bf16 arithmetic would.
-  float diff = float(v) - bf16_to_float(q.zeros[sz]);
-  return round_bf16f(diff * bf16_to_float(q.scales[sz]));
+  return w4_dequant(v, bf16_to_float(q.zeros[sz]), bf16_to_float(q.scales[sz]));
 }
 
 namespace {
 
-// y[n] for the columns [n0, n1), kTile at a time: per group, the tile's
-// weights dequantized into floats (w4_weight's expression, so the same
-// values), then y[n] += x[k] w[k][n] + x[k+1] w[k+1][n] for each pair of
-// rows, in the order of k. Both loops run along the columns, so a compiler
+// y[n] for the columns [n0, n1), kW4Tile at a time: per group, the tile's
+// weights dequantized into floats (w4_dequant, as w4_weight does), then
+// y[n] += x[k] w[k][n] + x[k+1] w[k+1][n] for each pair of rows, in the
+// order of k. Both loops run along the columns, so a compiler
 // can vectorize them; the sums are the same as one column at a time. Built
 // with AVX2 but without FMA where the CPU has it: x is not always bf16 (the
 // experts' down projection), so a fused multiply-add could round otherwise.
@@ -56,8 +60,8 @@ constexpr int kW4Tile = 256, kW4Ahead = 16;
         float* lo = &tile[size_t(2 * kk) * kW4Tile];
         float* hi = lo + kW4Tile;
         for (int j = 0; j < nc; ++j) {
-          lo[j] = round_bf16f((float(row[j] & 15) - z[j]) * s[j]);
-          hi[j] = round_bf16f((float(row[j] >> 4) - z[j]) * s[j]);
+          lo[j] = w4_dequant(row[j] & 15, z[j], s[j]);
+          hi[j] = w4_dequant(row[j] >> 4, z[j], s[j]);
         }
       }
       for (int kk = 0; kk < G / 2; ++kk) {
