@@ -63,17 +63,20 @@ bool Evaluator::validate(const std::vector<std::pair<int, int>>& cases, int max_
   std::string dir = join_path(out_dir_, "outputs");
   measure::RunnerReply r =
       runner_.call({{"op", "validate"}, {"cases", jc}, {"out_dir", dir}}, step_timeout_s_ * double(cases.size()));
+  m->variant_run_s = mono_seconds() - t0;
   if (failed(r, m)) {
     m->validate_s = mono_seconds() - t0;
     return false;
   }
   m->launches = r.body.value("launches_per_step", -1);
+  m->runner_s = r.body.value("seconds", json::object());
   json files = r.body.value("files", json::array());
   for (size_t i = 0; i < cases.size(); ++i) {
     const double wait_from = mono_seconds();
     measure::OracleCase ref = keep_oracle_ ? oracle_.get(cases[i].first, cases[i].second)
                                            : oracle_.take(cases[i].first, cases[i].second);
-    m->reference_wait_s += mono_seconds() - wait_from;
+    const double compare_from = mono_seconds();
+    m->reference_wait_s += compare_from - wait_from;
     measure::CaseCheck check;
     std::string err;
     if (i >= files.size() || !measure::check_case(w_.cfg, ref, files[i].get<std::string>(), gate_, &check, &err) ||
@@ -81,6 +84,7 @@ bool Evaluator::validate(const std::vector<std::pair<int, int>>& cases, int max_
       check.passed = false;
       check.failure = "outputs missing: " + err;
     }
+    m->compare_s += mono_seconds() - compare_from;
     m->cases.push_back(check);
     if (!check.passed && m->outcome == "ok") {
       m->outcome = "wrong_answer";

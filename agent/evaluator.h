@@ -35,10 +35,12 @@ struct Measurement {
   std::string outcome = "ok";  // see traces/events.h
   std::string error;
   double load_s = 0, validate_s = 0, time_s = 0;
-  // The part of validate_s spent waiting for the CPU reference's answers
-  // (computed ahead, in the background, by the OraclePool); the rest is the
-  // variant's own run and the comparison.
-  double reference_wait_s = 0;
+  // validate_s in three parts: the variant's runs on the cases (the
+  // runner's reply; runner_s says where its time went), waiting for the CPU
+  // reference's answers (computed ahead, in the background, by the
+  // OraclePool), and comparing the outputs with them.
+  double variant_run_s = 0, reference_wait_s = 0, compare_s = 0;
+  json runner_s = json::object();  // {state, upload, step, download, write}
   int launches = -1;           // counted per step (CUPTI on the GPU, the runtime on the host)
   int declared_launches = -1;
   std::vector<measure::CaseCheck> cases;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "base/text.h"
+#include "traces/events.h"
 
 namespace ktune::agent {
 
@@ -69,14 +70,17 @@ void Progress::summary(int64_t session, const std::string& status, const std::st
   for (auto& [k, v] : s["by_outcome"].items()) outcomes += " " + k + "=" + v.dump();
   std::printf("  attempts   %d (%s ) accepted %d, rolled back %d\n", s.value("attempts", 0), outcomes.c_str(),
               s.value("accepted", 0), s.value("rolled_back", 0));
-  // reference_wait is part of validate: shown beside it, not as a phase.
+  // A phase's parts (traces::kPhaseParts) are shown beside it, in brackets.
   std::string phases;
   const json& ph = s["phase_s"];
   for (auto& [k, v] : ph.items()) {
-    if (k == "reference_wait") continue;
+    if (traces::phase_part(k)) continue;
     phases += " " + k + " " + duration_text(v.get<double>());
-    if (k == "validate" && ph.contains("reference_wait"))
-      phases += " (waiting for the reference " + duration_text(ph["reference_wait"].get<double>()) + ")";
+    std::string parts;
+    for (const traces::PhasePart& p : traces::kPhaseParts)
+      if (k == p.phase && ph.contains(p.key))
+        parts += std::string(parts.empty() ? "" : ", ") + p.label + " " + duration_text(ph[p.key].get<double>());
+    if (!parts.empty()) phases += " (" + parts + ")";
   }
   std::printf("  wall time %s\n", phases.c_str());
   if (s.contains("designer") && !s["designer"].empty()) std::printf("  designer   %s\n", s["designer"].dump().c_str());

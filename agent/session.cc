@@ -52,10 +52,17 @@ std::vector<std::pair<int, int>> validation_cases(const kimi::KimiConfig& cfg, u
 std::string short_id(const std::string& id) { return id.substr(0, 12); }
 
 struct PhaseTotals {
-  double measure = 0, design = 0, build = 0, load = 0, validate = 0, reference_wait = 0, time = 0;
+  double measure = 0, design = 0, build = 0, load = 0, validate = 0, variant_run = 0, reference_wait = 0,
+         compare = 0, time = 0;
   json to_json() const {
-    return {{"measure", measure}, {"design", design},     {"build", build},
-            {"load", load},       {"validate", validate}, {"reference_wait", reference_wait},
+    return {{"measure", measure},
+            {"design", design},
+            {"build", build},
+            {"load", load},
+            {"validate", validate},
+            {"variant_run", variant_run},
+            {"reference_wait", reference_wait},
+            {"compare", compare},
             {"time", time}};
   }
 };
@@ -434,8 +441,9 @@ class Session {
       bool valid = evaluator_->validate(cases, v.max_launches, &m);
       json cj = json::array();
       for (auto& c : m.cases) cj.push_back(c.to_json());
-      emit_or_die("validation", seq, {{"ok", valid}, {"seconds", m.validate_s}, {"reference_wait_s", m.reference_wait_s},
-                                      {"gate", evaluator_->gate().to_json()},
+      emit_or_die("validation", seq, {{"ok", valid}, {"seconds", m.validate_s}, {"variant_run_s", m.variant_run_s},
+                                      {"runner_s", m.runner_s}, {"reference_wait_s", m.reference_wait_s},
+                                      {"compare_s", m.compare_s}, {"gate", evaluator_->gate().to_json()},
                                       {"cases", cj}, {"launches_per_step", m.launches}, {"error", m.error}});
       if (valid && evaluator_->time(cfg_.timed_contexts, spec_.warmup, spec_.samples, &m)) {
         emit_or_die("timing", seq, {{"seconds", m.time_s}, {"launches_per_step", m.launches},
@@ -448,11 +456,15 @@ class Session {
     }
     phase["load"] = m.load_s;
     phase["validate"] = m.validate_s;
+    phase["variant_run"] = m.variant_run_s;
     phase["reference_wait"] = m.reference_wait_s;
+    phase["compare"] = m.compare_s;
     phase["time"] = m.time_s;
     totals_.load += m.load_s;
     totals_.validate += m.validate_s;
+    totals_.variant_run += m.variant_run_s;
     totals_.reference_wait += m.reference_wait_s;
+    totals_.compare += m.compare_s;
     totals_.time += m.time_s;
     decide(seq, v, purpose, m, phase);
     if (history_.back().decision == "accepted") best_artifact_ = b.artifact;

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "base/clock.h"
 #include "base/fs.h"
 #include "base/tensor.h"
 #include "measure/backend_hostmem.h"
@@ -53,6 +54,10 @@ struct Runner {
   int capacity = 0;
   bool loaded = false;
 
+  // Runs the variant on each case and writes its outputs for the caller to
+  // compare. "seconds" says where the runner's time went, summed over the
+  // cases: building the case's state, copying it in, the step itself (wall
+  // time, launch and synchronization included), copying it out, writing it.
   json validate(const json& req, bool* fatal) {
     std::string out_dir = req.value("out_dir", std::string());
     std::string err;
@@ -60,26 +65,40 @@ struct Runner {
     json files = json::array(), step_us = json::array();
     int launches = -1;
     int index = 0;
+    double state_s = 0, upload_s = 0, step_s = 0, download_s = 0, write_s = 0;
     for (const json& c : req.value("cases", json::array())) {
       int seed = c.value("seed", 0), context = c.value("context", 0);
+      double t = mono_seconds();
+      auto lap = [&t](double* into) {
+        const double now = mono_seconds();
+        *into += now - t;
+        t = now;
+      };
       kimi::KimiState st = kimi::make_state(cfg, uint64_t(seed), context, capacity);
       std::vector<uint16_t> token = kimi::make_token(cfg, uint64_t(seed));
+      lap(&state_s);
       if (!backend->put_state(st, token, &err)) return failure("launch_error", err);
+      lap(&upload_s);
       StepStatus s = backend->step(context, true);
       if (!s.ok) {
         *fatal = s.fault;
         return failure(s.fault ? "device_fault" : "launch_error", s.error);
       }
+      lap(&step_s);
       launches = std::max(launches, s.launches);
       step_us.push_back(s.us);
       kimi::StepOutput out;
       if (!backend->get_state(&st, &out, &err)) return failure("launch_error", err);
+      lap(&download_s);
       std::string path = join_path(out_dir, "case" + std::to_string(index++) + ".safetensors");
       if (!write_case_outputs(path, cfg, st, out, &err)) return failure("launch_error", err);
+      lap(&write_s);
       files.push_back(path);
     }
-    return {{"ok", true}, {"files", files}, {"launches_per_step", launches}, {"step_us", step_us},
-            {"declared_launches", backend->declared_launches()}};
+    json seconds = {{"state", state_s}, {"upload", upload_s}, {"step", step_s}, {"download", download_s},
+                    {"write", write_s}};
+    return {{"ok", true},         {"files", files},     {"launches_per_step", launches},
+            {"step_us", step_us}, {"seconds", seconds}, {"declared_launches", backend->declared_launches()}};
   }
 
   // Per-step samples, each step timed alone; with "back_to_back" n > 0,

@@ -103,7 +103,14 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("session 1 completed") != std::string::npos);
   CHECK(r.out.find("best ") != std::string::npos);
-  CHECK(r.out.find("(waiting for the reference ") != std::string::npos);  // the summary's part of validate
+  {  // the summary gives validate's parts beside it, in the order they happen
+    const size_t validate = r.out.find(" validate "), runs = r.out.find(" (the variant's runs ", validate),
+                 wait = r.out.find(", waiting for the reference ", runs), compare = r.out.find(", comparing ", wait);
+    CHECK(validate != std::string::npos);
+    CHECK(runs != std::string::npos);
+    CHECK(wait != std::string::npos);
+    CHECK(compare != std::string::npos);
+  }
   std::vector<AttemptRow> rows = attempts(db);
   int accepted = 0, rolled_back = 0;
   for (auto& a : rows) {
@@ -135,8 +142,9 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
       if (a.decision == "accepted" && a.purpose == "candidate") CHECK_MESSAGE(retimed_in.count(a.seq), "attempt " << a.seq);
   }
 
-  // Each validation says how much of it was spent waiting for the CPU
-  // reference: a part of it, never more.
+  // Each validation says where its time went: the variant's runs (and,
+  // inside them, the runner's own account), waiting for the CPU reference,
+  // comparing. Parts of it, together never more than it.
   {
     traces::Store store;
     std::string err;
@@ -146,10 +154,27 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
     CHECK(validations.size() >= 10);
     for (const traces::Event& e : validations) {
       INFO("attempt " << e.attempt);
-      REQUIRE(e.data.contains("reference_wait_s"));
-      const double wait = e.data["reference_wait_s"].get<double>(), all = e.data.value("seconds", -1.0);
-      CHECK(wait >= 0);
-      CHECK(wait <= all);
+      for (const char* part : {"variant_run_s", "reference_wait_s", "compare_s"}) {
+        INFO(part);
+        REQUIRE(e.data.contains(part));
+        CHECK(e.data[part].get<double>() >= 0);
+      }
+      const double run = e.data["variant_run_s"].get<double>(), wait = e.data["reference_wait_s"].get<double>(),
+                   compare = e.data["compare_s"].get<double>(), all = e.data.value("seconds", -1.0);
+      CHECK(run > 0);      // nine cases were run and written
+      CHECK(compare > 0);  // and nine files read back and compared
+      CHECK(run + wait + compare <= all);
+      // The runner's account covers its five steps and fits in the call.
+      const json& runner = e.data["runner_s"];
+      double inside = 0;
+      for (const char* step : {"state", "upload", "step", "download", "write"}) {
+        INFO(step);
+        REQUIRE(runner.contains(step));
+        CHECK(runner[step].get<double>() >= 0);
+        inside += runner[step].get<double>();
+      }
+      CHECK(runner["step"].get<double>() > 0);
+      CHECK(inside <= run);
     }
   }
 

@@ -105,7 +105,8 @@ inline Synthetic record_synthetic_session(Store& store, const std::string& desig
          {"rationale", rationale}});
     return id;
   };
-  json phases = {{"build", 2.0}, {"load", 0.5}, {"validate", 1.0}, {"reference_wait", 0.75}, {"time", 3.0}};
+  json phases = {{"build", 2.0}, {"load", 0.5}, {"validate", 1.0},
+                 {"variant_run", 0.2}, {"reference_wait", 0.75}, {"compare", 0.05}, {"time", 3.0}};
   json passing_cases =
       json::array({{{"seed", 1},
                     {"context", 128},

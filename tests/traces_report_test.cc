@@ -198,12 +198,30 @@ TEST_CASE("replay tells the session's story and plots the best speedup") {
                            "time per phase",
                            "build",
                            "validate",
+                           "of it, the variant's runs",
                            "of it, waiting for the reference",
+                           "of it, comparing",
                            "1.25x",
                            "█",
                            "02:00",
                            "ok 3, compile_error 1, wrong_answer 1"})
     CHECK_MESSAGE(contains(out, part), part);
+
+  // validate's parts come right under it, in the order they happen, and
+  // before the next phase.
+  {
+    const size_t table = out.find("time per phase");
+    REQUIRE(table != std::string::npos);
+    size_t at = table;
+    for (const char* line : {"\n  validate ", "\n    of it, the variant's runs ", "\n    of it, waiting for the reference ",
+                             "\n    of it, comparing ", "\n  time "}) {
+      INFO(line);
+      const size_t next = out.find(line, table);
+      REQUIRE(next != std::string::npos);
+      CHECK(next > at);
+      at = next;
+    }
+  }
 
   REQUIRE(replay_report(trace, true, &out, &err));
   json j = parsed(out);
@@ -219,6 +237,8 @@ TEST_CASE("replay tells the session's story and plots the best speedup") {
   CHECK(j["outcomes"]["wrong_answer"] == 1);
   CHECK(j["phase_s"]["build"] == 10.0);  // 2 + 2 + 2 + 2 + 2 over the attempts
   CHECK(j["phase_s"]["reference_wait"] == 2.25);  // three attempts validated
+  CHECK(j["phase_s"]["variant_run"] == doctest::Approx(0.6));
+  CHECK(j["phase_s"]["compare"] == doctest::Approx(0.15));
   CHECK(j["phase_s"]["measure"] == 8.5);
   CHECK(j["probes"][0]["value"] == 1234.5);
   CHECK(j["baseline"]["score_us"] == 100.0);

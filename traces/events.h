@@ -12,10 +12,10 @@
 // variant            {id, template, backend, knobs, source, parent, origin, rationale}
 // attempt_started    {attempt, variant, purpose: "baseline"|"reference"|"candidate"}
 // build              {attempt, ok, cached, seconds, command, log, resources, timed_out}
-// validation         {attempt, ok, seconds, gate, cases: [{seed, context, passed, metrics: {output: {cosine, rel_l2, nonfinite, n}}, experts_match}], error?}
+// validation         {attempt, ok, seconds, variant_run_s, runner_s: {state, upload, step, download, write}, reference_wait_s, compare_s, gate, cases: [{seed, context, passed, metrics: {output: {cosine, rel_l2, nonfinite, n}}, experts_match}], error?}
 // timing             {attempt, seconds, launches_per_step, score_us, contexts: [{context, steps, warmup, samples_us: [..], median_us, p10_us, p90_us, mad_us}]}
 // profile            {attempt, launches_per_step, resources, extra?}
-// attempt_finished   {attempt, outcome, decision?, reason, error?, score_us?, speedup?, best_before?, best_after?, phase_s: {build, load, validate, time}}
+// attempt_finished   {attempt, outcome, decision?, reason, error?, score_us?, speedup?, best_before?, best_after?, phase_s: {build, build_wait, load, validate, variant_run, reference_wait, compare, time}}
 // best_changed       {variant, attempt, score_us, speedup}
 // llm_call           {attempt?, provider, model, url, prompt, reply, status, http_status, tokens_in, tokens_out, latency_s, retries, error?}
 // session_ended      {status: "completed"|"interrupted"|"failed", reason, summary}
@@ -53,6 +53,27 @@ inline bool is_outcome(std::string_view s) {
   for (const char* o : kOutcomes)
     if (s == o) return true;
   return false;
+}
+
+// Where an attempt's time went (attempt_finished's phase_s, a session
+// summary's phase_s), in the loop's order. Some keys are parts of the phase
+// before them, not phases of their own: validate is the variant's runs on
+// the cases, waiting for the CPU reference's answers and comparing. Reports
+// show a part under its phase, by its label, and never add it to the sum.
+inline constexpr const char* kPhaseOrder[] = {"measure",     "design",         "build",   "load",    "validate",
+                                              "variant_run", "reference_wait", "compare", "profile", "time"};
+struct PhasePart {
+  const char* key;
+  const char* phase;
+  const char* label;
+};
+inline constexpr PhasePart kPhaseParts[] = {{"variant_run", "validate", "the variant's runs"},
+                                            {"reference_wait", "validate", "waiting for the reference"},
+                                            {"compare", "validate", "comparing"}};
+inline const PhasePart* phase_part(std::string_view key) {
+  for (const PhasePart& p : kPhaseParts)
+    if (key == p.key) return &p;
+  return nullptr;
 }
 
 // JSON text of a value. Invalid UTF-8 (a compiler log, an LLM reply) is

@@ -333,9 +333,6 @@ struct BestPoint {
   double score_us = 0;
 };
 
-// reference_wait is part of validate (an attempt waiting for the CPU
-// reference's answers), shown under it.
-const char* const kPhaseOrder[] = {"measure", "design", "build", "load", "validate", "reference_wait", "profile", "time"};
 
 // A session's story, gathered from its events in one pass.
 struct Timeline {
@@ -546,7 +543,7 @@ std::string timeline_text(const Timeline& tl) {
   out += "\ntime per phase\n";
   Table phases({{"phase"}, {"time", true}, {"share", true}});
   for (const auto& [name, seconds] : tl.phase_s)
-    phases.add({name == "reference_wait" ? "  of it, waiting for the reference" : name, duration_text(seconds),
+    phases.add({phase_part(name) ? std::string("  of it, ") + phase_part(name)->label : name, duration_text(seconds),
                 tl.end_t > 0 ? formatted("%.0f%%", 100 * seconds / tl.end_t) : "-"});
   out += phases.render("  ");
 

@@ -12,6 +12,17 @@
 namespace ktune::kimi {
 
 namespace {
+// The vector extensions this CPU has, asked once: the hot loops below are
+// built for each and pick theirs at run time (same sums in every build).
+struct CpuFeatures {
+  bool avx2 = __builtin_cpu_supports("avx2"), fma = __builtin_cpu_supports("fma"),
+       avx512f = __builtin_cpu_supports("avx512f");
+};
+const CpuFeatures& cpu() {
+  static const CpuFeatures features;
+  return features;
+}
+
 // One dequantized weight from its 4-bit value and its group's zero and
 // scale: q - zero is a small integer (exact in bf16); the product is exact
 // in float and rounded once to bf16, as bf16 arithmetic would.
@@ -79,8 +90,7 @@ __attribute__((target("avx2"))) void w4_columns_avx2(const QLinear& q, const dou
   w4_columns_body(q, x, n0, n1, y);
 }
 void w4_columns(const QLinear& q, const double* x, size_t n0, size_t n1, double* y) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2)
+  if (cpu().avx2)
     w4_columns_avx2(q, x, n0, n1, y);
   else
     w4_columns_body(q, x, n0, n1, y);
@@ -132,8 +142,7 @@ Vec from_bf16(const uint16_t* p, size_t n) {
 }
 __attribute__((target("avx2"))) void round_span_avx2(double* v, size_t n) { round_span_body(v, n); }
 void round_span(double* v, size_t n) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2)
+  if (cpu().avx2)
     round_span_avx2(v, n);
   else
     round_span_body(v, n);
@@ -334,11 +343,9 @@ __attribute__((target("avx2,fma"))) void expand_rows_avx2(const double* c, int n
 // c holds kExpandRows rows (of R), of which the first n_rows are wanted;
 // kvb gets n_panels * 8 sums for each of them.
 void expand_rows(const double* c, int n_rows, int R, const float* w, int n_panels, double* kvb) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx512)
+  if (cpu().avx512f)
     expand_rows_avx512(c, n_rows, R, w, n_panels, kvb);
-  else if (avx2)
+  else if (cpu().avx2 && cpu().fma)
     expand_rows_avx2(c, n_rows, R, w, n_panels, kvb);
   else
     expand_rows_body<Double4, 4, 1>(c, n_rows, R, w, n_panels, kvb);
@@ -389,7 +396,11 @@ Vec mla_layer(const KimiConfig& c, const MlaWeights& W, LayerState& st, int pos,
   struct Partial {
     std::vector<double> m, l, acc;  // per head: running max, sum, sum of p*v
   };
-  size_t chunks = std::min<size_t>(rows, size_t(worker_count()) * 4);
+  // A fixed number of chunks, not one per core: the softmax merge below
+  // follows the split, so a split by core count would let the last bits of
+  // the reference depend on the machine that computes it.
+  constexpr size_t kMlaChunks = 64;
+  size_t chunks = std::min<size_t>(rows, kMlaChunks);
   size_t per = (rows + chunks - 1) / chunks;
   std::vector<Partial> parts(chunks);
   parallel_for(chunks, [&](size_t c0, size_t c1) {
