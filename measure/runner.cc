@@ -2,11 +2,13 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "base/clock.h"
 #include "base/fs.h"
 #include "base/tensor.h"
+#include "kernels/kimi/state.h"
 #include "measure/backend_hostmem.h"
 #include "measure/profile_trace.h"
 #include "measure/runner_backend.h"
@@ -53,6 +55,14 @@ struct Runner {
   std::unique_ptr<RunnerBackend> backend;
   int capacity = 0;
   bool loaded = false;
+  std::unique_ptr<kimi::SeededStates> states;  // once cfg and capacity are known
+
+  // The longest context among a request's cases or contexts.
+  static int longest_context(const json& items, bool pairs) {
+    int longest = 0;
+    for (const json& c : items) longest = std::max(longest, pairs ? c.at(0).get<int>() : c.value("context", 0));
+    return longest;
+  }
 
   // Runs the variant on each case and writes its outputs for the caller to
   // compare. "seconds" says where the runner's time went, summed over the
@@ -66,7 +76,9 @@ struct Runner {
     int launches = -1;
     int index = 0;
     double state_s = 0, upload_s = 0, step_s = 0, download_s = 0, write_s = 0;
-    for (const json& c : req.value("cases", json::array())) {
+    const json cases = req.value("cases", json::array());
+    const int longest = longest_context(cases, false);
+    for (const json& c : cases) {
       int seed = c.value("seed", 0), context = c.value("context", 0);
       double t = mono_seconds();
       auto lap = [&t](double* into) {
@@ -74,7 +86,7 @@ struct Runner {
         *into += now - t;
         t = now;
       };
-      kimi::KimiState st = kimi::make_state(cfg, uint64_t(seed), context, capacity);
+      kimi::KimiState st = states->get(uint64_t(seed), context, longest);
       std::vector<uint16_t> token = kimi::make_token(cfg, uint64_t(seed));
       lap(&state_s);
       if (!backend->put_state(st, token, &err)) return failure("launch_error", err);
@@ -110,9 +122,11 @@ struct Runner {
     uint64_t seed = req.value("seed", 1234567);
     json timings = json::array();
     std::string err;
-    for (const json& ctx : req.value("contexts", json::array())) {
+    const json contexts = req.value("contexts", json::array());
+    const int longest = longest_context(contexts, true);
+    for (const json& ctx : contexts) {
       int context = ctx.at(0), steps = std::max(1, ctx.at(1).get<int>());
-      kimi::KimiState st = kimi::make_state(cfg, seed, context, capacity);
+      kimi::KimiState st = states->get(seed, context, longest);
       if (!backend->put_state(st, kimi::make_token(cfg, seed), &err)) return failure("launch_error", err);
       json us = json::array();
       // The decode of `steps` tokens from `context`, repeated: the cache
@@ -153,9 +167,11 @@ struct Runner {
     std::string err;
     if (!backend->set_trace(words, &err)) return failure("launch_error", err);
     json out = json::array();
-    for (const json& ctx : req.value("contexts", json::array())) {
+    const json contexts = req.value("contexts", json::array());
+    const int longest = longest_context(contexts, true);
+    for (const json& ctx : contexts) {
       int context = ctx.at(0), steps = std::max(1, ctx.at(1).get<int>());
-      kimi::KimiState st = kimi::make_state(cfg, seed, context, capacity);
+      kimi::KimiState st = states->get(seed, context, longest);
       if (!backend->put_state(st, kimi::make_token(cfg, seed), &err)) return failure("launch_error", err);
       json runs = json::array();
       for (int i = 0; i < warmup + samples; ++i) {
@@ -232,6 +248,7 @@ int runner_main(int argc, char** argv) {
   if (ok) {
     r.cfg = r.weights.cfg;
     r.capacity = r.cfg.max_context() + 8;
+    r.states = std::make_unique<kimi::SeededStates>(r.cfg, r.capacity);
     r.backend = make_backend(backend_name, r.cfg, &err);
     ok = r.backend && r.backend->init(r.weights, r.capacity, &err);
   }

@@ -47,6 +47,41 @@ KimiState make_state(const KimiConfig& cfg, uint64_t seed, int context, int capa
   return st;
 }
 
+KimiState SeededStates::get(uint64_t seed, int context, int longest) {
+  longest = std::max(longest, context);
+  auto it = std::find_if(kept_.begin(), kept_.end(), [&](const Kept& k) { return k.seed == seed; });
+  if (it != kept_.end() && it->state.context < longest) {
+    kept_.erase(it);
+    it = kept_.end();
+  }
+  if (it == kept_.end()) {
+    kept_.push_front({seed, make_state(cfg_, seed, longest, capacity_)});
+    if (kept_.size() > kKept) kept_.pop_back();
+  } else {
+    kept_.splice(kept_.begin(), kept_, it);
+  }
+  // The kept state's first `context` rows, zeros after them, and room for
+  // as many rows as make_state gives this context.
+  const KimiState& kept = kept_.front().state;
+  const size_t rows = size_t(std::max(capacity_, context + 1));
+  KimiState st;
+  st.layers.resize(kept.layers.size());
+  for (int i = 0; i < cfg_.layers(); ++i) {
+    const LayerState& from = kept.layers[i];
+    LayerState& L = st.layers[i];
+    if (cfg_.is_kda(i)) {
+      L = from;
+      continue;
+    }
+    L.c_kv.assign(rows * cfg_.kv_lora, 0);
+    L.k_rope.assign(rows * cfg_.qk_rope, 0);
+    std::copy_n(from.c_kv.begin(), size_t(context) * cfg_.kv_lora, L.c_kv.begin());
+    std::copy_n(from.k_rope.begin(), size_t(context) * cfg_.qk_rope, L.k_rope.begin());
+  }
+  st.context = context;
+  return st;
+}
+
 std::vector<uint16_t> make_token(const KimiConfig& cfg, uint64_t seed) {
   std::vector<uint16_t> t(cfg.hidden);
   fill_bf16(t, t.size(), stream_id(seed, "token"), 0.25);

@@ -5,6 +5,7 @@
 // extends a shorter one.
 #pragma once
 #include <cstdint>
+#include <list>
 #include <vector>
 
 #include "kernels/kimi/config.h"
@@ -26,5 +27,30 @@ struct KimiState {
 KimiState make_state(const KimiConfig& cfg, uint64_t seed, int context, int capacity = 0);
 // The input token, bf16 [hidden] ~ N(0, 0.25^2).
 std::vector<uint16_t> make_token(const KimiConfig& cfg, uint64_t seed);
+
+// The states of a few seeds, each generated once at the longest context
+// asked for: a shorter context's state is the longer one's with the cache
+// rows past it zeroed, so a runner that steps one seed at several contexts
+// (a validation's cases, a timing's contexts) copies instead of generating
+// again. get() is make_state(cfg, seed, context, capacity), bit for bit.
+class SeededStates {
+ public:
+  SeededStates(const KimiConfig& cfg, int capacity) : cfg_(cfg), capacity_(capacity) {}
+  // `longest`: the longest context the caller will ask for with this seed
+  // (generated now if the kept state is shorter, so later calls copy).
+  KimiState get(uint64_t seed, int context, int longest = 0);
+
+ private:
+  // A validation's three seeds and the timing's one: the timing's state
+  // outlives the validations between two timings.
+  static constexpr size_t kKept = 4;
+  struct Kept {
+    uint64_t seed;
+    KimiState state;
+  };
+  const KimiConfig& cfg_;
+  int capacity_;
+  std::list<Kept> kept_;  // most recently used first
+};
 
 }  // namespace ktune::kimi
