@@ -1,6 +1,6 @@
 // OraclePool: oracle answers computed ahead, in background threads, so the
 // device never waits for the CPU: while one attempt is measured, the next
-// attempt's fresh validation cases are already being computed.
+// attempts' fresh validation cases are already being computed.
 #pragma once
 #include <future>
 #include <map>
