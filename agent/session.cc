@@ -591,8 +591,12 @@ class Session {
       // host the CPU is the device, so every build finishes first.
       const int after = std::min(batch, attempts_left() - int(jobs.size()));
       if (spec_.builds_overlap_timing && !stopping() && after > 0) next = design(after, &exhausted, int(jobs.size()));
-      if (!spec_.builds_overlap_timing)
+      if (!spec_.builds_overlap_timing) {
+        // Waited for here, not in attempt(): the summary's build time.
+        const double t0 = mono_seconds();
         for (Job& j : jobs) j.build.wait();
+        totals_.build += mono_seconds() - t0;
+      }
       for (Job& j : jobs) {
         if (stopping()) break;
         attempt(j, "candidate");

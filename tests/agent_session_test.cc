@@ -111,6 +111,22 @@ TEST_CASE("a two-minute host session accepts and rolls back, and round-trips thr
     CHECK(wait != std::string::npos);
     CHECK(compare != std::string::npos);
   }
+  {  // the phases account for the session's time: on the host every build
+     // is waited for before its attempts, and that wait is the build phase
+    traces::Store store;
+    std::string err;
+    REQUIRE(store.open(db, &err));
+    traces::SessionRow s;
+    REQUIRE_MESSAGE(store.session(1, &s, &err), err);
+    const double wall = s.summary.value("wall_s", 0.0);
+    double phases = 0;
+    for (auto& [name, seconds] : s.summary["phase_s"].items())
+      if (!traces::phase_part(name)) phases += seconds.get<double>();
+    INFO("phases " << phases << " s of " << wall << " s: " << s.summary["phase_s"].dump());
+    CHECK(wall >= 120);
+    CHECK(phases <= wall);
+    CHECK(phases >= 0.9 * wall);
+  }
   std::vector<AttemptRow> rows = attempts(db);
   int accepted = 0, rolled_back = 0;
   for (auto& a : rows) {
