@@ -1,9 +1,13 @@
 // OraclePool: oracle answers computed ahead, in background threads, so the
 // device never waits for the CPU: while one attempt is measured, the next
 // attempts' fresh validation cases are already being computed.
+//
+// Each seed's shared layers (SeedPrefix) are computed once, in their own
+// task, and each of its cases finishes from them.
 #pragma once
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -24,9 +28,11 @@ class OraclePool {
   OracleCase get(int seed, int context);
 
  private:
+  using Prefix = std::shared_future<std::shared_ptr<const SeedPrefix>>;
   const kimi::KimiWeights& w_;
   std::mutex mu_;
   std::map<std::pair<int, int>, std::shared_future<OracleCase>> cases_;
+  std::map<int, Prefix> prefixes_;  // by seed, while a case of it is known
 };
 
 }  // namespace ktune::measure

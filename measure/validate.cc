@@ -23,6 +23,39 @@ OracleCase compute_oracle_case(const kimi::KimiWeights& w, int seed, int context
   return c;
 }
 
+SeedPrefix compute_seed_prefix(const kimi::KimiWeights& w, int seed) {
+  const kimi::KimiConfig& cfg = w.cfg;
+  SeedPrefix p;
+  p.seed = seed;
+  while (p.layers < cfg.layers() && cfg.is_kda(p.layers)) ++p.layers;
+  p.state.layers.resize(p.layers);
+  for (int i = 0; i < p.layers; ++i) kimi::make_layer_state(cfg, uint64_t(seed), i, 0, 0, &p.state.layers[i]);
+  std::vector<uint16_t> token = kimi::make_token(cfg, uint64_t(seed));
+  p.hidden = kimi::start_step(cfg, token.data(), &p.out);
+  kimi::oracle_layers(w, &p.state, 0, p.layers, &p.hidden, &p.out);
+  return p;
+}
+
+OracleCase finish_oracle_case(const kimi::KimiWeights& w, const SeedPrefix& prefix, int context) {
+  const kimi::KimiConfig& cfg = w.cfg;
+  OracleCase c;
+  c.seed = prefix.seed;
+  c.context = context;
+  c.state.context = context;
+  c.state.layers.resize(cfg.layers());
+  for (int i = 0; i < cfg.layers(); ++i) {
+    if (i < prefix.layers)
+      c.state.layers[i] = prefix.state.layers[i];
+    else
+      kimi::make_layer_state(cfg, uint64_t(prefix.seed), i, context, 0, &c.state.layers[i]);
+  }
+  c.out = prefix.out;
+  std::vector<double> hidden = prefix.hidden;
+  kimi::oracle_layers(w, &c.state, prefix.layers, cfg.layers(), &hidden, &c.out);
+  kimi::finish_step(&c.state, hidden, &c.out);
+  return c;
+}
+
 json CaseCheck::to_json() const {
   json j = {{"seed", seed},       {"context", context}, {"passed", passed}, {"experts_match", experts_match},
             {"failure", failure}, {"metrics", metrics}};

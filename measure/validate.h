@@ -32,6 +32,20 @@ struct OracleCase {
 OracleCase compute_oracle_case(const kimi::KimiWeights& w, int seed, int context,
                                const kimi::Routing* routing = nullptr);
 
+// What every context of a seed shares in its oracle answer: the layers
+// before the first M layer (the same token and K states at every context;
+// only the M layers' caches differ). An attempt validates 3 seeds at 3
+// contexts; each seed's prefix is computed once, not three times.
+struct SeedPrefix {
+  int seed = 0, layers = 0;    // layers [0, layers) are done
+  kimi::KimiState state;       // those layers' states after the step
+  std::vector<double> hidden;  // the hidden after them
+  kimi::StepOutput out;        // their outputs
+};
+SeedPrefix compute_seed_prefix(const kimi::KimiWeights& w, int seed);
+// compute_oracle_case(w, prefix.seed, context), bit for bit, from the prefix.
+OracleCase finish_oracle_case(const kimi::KimiWeights& w, const SeedPrefix& prefix, int context);
+
 struct CaseCheck {
   int seed = 0, context = 0;
   bool passed = false;

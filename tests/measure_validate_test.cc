@@ -12,6 +12,7 @@
 #include "base/fs.h"
 #include "kernels/kimi/oracle.h"
 #include "kernels/kimi/weights.h"
+#include "measure/oracle_pool.h"
 #include "measure/validate.h"
 
 using namespace ktune;
@@ -364,4 +365,58 @@ TEST_CASE("the gate's relative L2 error catches an output off in scale, which co
   REQUIRE_MESSAGE(measure::check_case(t.w.cfg, ref, file, loose, &c, &err), err);
   CHECK(c.passed);
   remove_tree(dir);
+}
+
+// A seed's cases share the layers before the first M layer; computed once
+// and finished per context (as the OraclePool does), each case must be the
+// whole step's answer, bit for bit, state and outputs.
+TEST_CASE("a case finished from its seed's shared layers is the whole step's, and the pool hands out the same") {
+  Tiny t;
+  const kimi::KimiConfig& cfg = t.w.cfg;
+  auto check_same = [&](const measure::OracleCase& got, const measure::OracleCase& want) {
+    CHECK(got.seed == want.seed);
+    CHECK(got.context == want.context);
+    CHECK(got.state.context == want.state.context);
+    CHECK(got.out.hidden == want.out.hidden);
+    CHECK(got.out.topk == want.out.topk);
+    CHECK(got.out.router_logits == want.out.router_logits);
+    CHECK(got.out.ckv_row == want.out.ckv_row);
+    CHECK(got.out.krope_row == want.out.krope_row);
+    CHECK(got.out.attn_out == want.out.attn_out);
+    REQUIRE(got.state.layers.size() == want.state.layers.size());
+    for (int i = 0; i < cfg.layers(); ++i) {
+      INFO("layer " << i);
+      const kimi::LayerState &g = got.state.layers[i], &w = want.state.layers[i];
+      CHECK(g.S == w.S);
+      CHECK(g.cq == w.cq);
+      CHECK(g.ck == w.ck);
+      CHECK(g.cv == w.cv);
+      CHECK(g.c_kv == w.c_kv);
+      CHECK(g.k_rope == w.k_rope);
+    }
+  };
+
+  const measure::SeedPrefix prefix = measure::compute_seed_prefix(t.w, 4);
+  int first_m = 0;
+  while (cfg.is_kda(first_m)) ++first_m;
+  CHECK(prefix.layers == first_m);
+  REQUIRE(prefix.layers > 0);  // there is something to share
+  for (int context : {0, 1, 5, 130}) {
+    INFO("context " << context);
+    check_same(measure::finish_oracle_case(t.w, prefix, context), measure::compute_oracle_case(t.w, 4, context));
+  }
+  // The contexts really differ after the shared layers.
+  CHECK(measure::finish_oracle_case(t.w, prefix, 5).out.hidden !=
+        measure::finish_oracle_case(t.w, prefix, 130).out.hidden);
+
+  // The pool: two seeds at two contexts, taken in another order than asked,
+  // one seed asked again after its prefix was let go.
+  measure::OraclePool pool(t.w);
+  for (int seed : {4, 9})
+    for (int context : {5, 130}) pool.prefetch(seed, context);
+  check_same(pool.take(9, 130), measure::compute_oracle_case(t.w, 9, 130));
+  check_same(pool.take(4, 5), measure::compute_oracle_case(t.w, 4, 5));
+  check_same(pool.take(4, 130), measure::compute_oracle_case(t.w, 4, 130));
+  check_same(pool.get(4, 1), measure::compute_oracle_case(t.w, 4, 1));
+  check_same(pool.take(9, 5), measure::compute_oracle_case(t.w, 9, 5));
 }

@@ -505,16 +505,11 @@ Vec moe(const KimiConfig& c, const MoeWeights& W, const Vec& xn, const Tracer& t
 
 }  // namespace
 
-void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
-                 OracleTrace* trace, const Routing* routing) {
+void oracle_layers(const KimiWeights& w, KimiState* state, int first, int last, std::vector<double>* hidden,
+                   StepOutput* out, OracleTrace* trace, const Routing* routing) {
   const KimiConfig& c = w.cfg;
-  Vec x = from_bf16(token, c.hidden);
-  out->topk.assign(c.layers(), {});
-  out->router_logits.assign(c.layers(), {});
-  out->ckv_row.assign(c.layers(), {});
-  out->krope_row.assign(c.layers(), {});
-  out->attn_out.assign(c.layers(), {});
-  for (int i = 0; i < c.layers(); ++i) {
+  Vec& x = *hidden;
+  for (int i = first; i < last; ++i) {
     std::string prefix = "L";  // appended, not "L" + ... (GCC 12 warns of a false overlap there)
     prefix += std::to_string(i) + ".";
     Tracer tr{trace, prefix};
@@ -535,8 +530,27 @@ void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, 
     x = add_round(h, m);
     tr.put("x", x);
   }
+}
+
+std::vector<double> start_step(const KimiConfig& c, const uint16_t* token, StepOutput* out) {
+  out->topk.assign(c.layers(), {});
+  out->router_logits.assign(c.layers(), {});
+  out->ckv_row.assign(c.layers(), {});
+  out->krope_row.assign(c.layers(), {});
+  out->attn_out.assign(c.layers(), {});
+  return from_bf16(token, c.hidden);
+}
+
+void finish_step(KimiState* state, const std::vector<double>& hidden, StepOutput* out) {
   state->context += 1;
-  out->hidden = to_bf16(x);
+  out->hidden = to_bf16(hidden);
+}
+
+void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
+                 OracleTrace* trace, const Routing* routing) {
+  std::vector<double> x = start_step(w.cfg, token, out);
+  oracle_layers(w, state, 0, w.cfg.layers(), &x, out, trace, routing);
+  finish_step(state, x, out);
 }
 
 }  // namespace ktune::kimi

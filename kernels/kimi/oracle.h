@@ -37,6 +37,17 @@ using Routing = std::vector<std::vector<int>>;
 void oracle_step(const KimiWeights& w, KimiState* state, const uint16_t* token, StepOutput* out,
                  OracleTrace* trace = nullptr, const Routing* routing = nullptr);
 
+// oracle_step in parts, so steps that share their first layers can share
+// their computation (a seed's cases at several contexts share every layer
+// before the first M layer: the same token and K states, only the caches
+// differ). start_step sizes `out` and gives the hidden going in;
+// oracle_layers runs layers [first, last) on it; finish_step ends the step.
+// oracle_step is the three in a row.
+std::vector<double> start_step(const KimiConfig& c, const uint16_t* token, StepOutput* out);
+void oracle_layers(const KimiWeights& w, KimiState* state, int first, int last, std::vector<double>* hidden,
+                   StepOutput* out, OracleTrace* trace = nullptr, const Routing* routing = nullptr);
+void finish_step(KimiState* state, const std::vector<double>& hidden, StepOutput* out);
+
 // y = x @ W with W dequantized exactly as the spec says, accumulated in
 // double, not rounded (callers round where the spec does).
 void w4_linear(const QLinear& q, const double* x, double* y);

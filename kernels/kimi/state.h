@@ -25,6 +25,8 @@ struct KimiState {
 
 // Caches get room for `capacity` rows (at least context + 1).
 KimiState make_state(const KimiConfig& cfg, uint64_t seed, int context, int capacity = 0);
+// One layer's part of make_state.
+void make_layer_state(const KimiConfig& cfg, uint64_t seed, int layer, int context, int capacity, LayerState* L);
 // The input token, bf16 [hidden] ~ N(0, 0.25^2).
 std::vector<uint16_t> make_token(const KimiConfig& cfg, uint64_t seed);
 
